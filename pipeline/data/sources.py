@@ -1,0 +1,233 @@
+"""Reading prompt files (JSONL, JSON, Parquet) and turning each record into a conversation or a plain text.
+
+Nothing here tokenizes: a record either parses into a `Parsed` value or raises `RecordError` with a machine-readable
+reason, so that one bad record never stops the ones around it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
+OPENAI_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
+SHAREGPT_ROLES = {**OPENAI_ROLES, "human": "user", "gpt": "assistant"}
+PARQUET_BATCH_ROWS = 256
+
+
+class RecordError(Exception):
+    """A record that cannot become a sample; `reason` is the Reject code."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    """One record as read: `value` is the decoded object, or `error` says why the line did not decode."""
+
+    row: int
+    value: Any = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """Either a chat (`messages`, role/content strings) rendered through the chat template, or raw `text`."""
+
+    messages: list[dict[str, str]] | None = None
+    text: str | None = None
+
+
+def check_readable(path: str | Path) -> None:
+    """Fail early, before any model loads, on a data file that cannot be read."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"data file not found: {path}")
+    if not path.is_file():
+        raise ValueError(f"data path is not a regular file: {path}")
+    if path.suffix.lower() not in SUPPORTED_SUFFIXES:
+        raise ValueError(f"unsupported data file type {path.suffix!r} for {path}; expected one of {SUPPORTED_SUFFIXES}")
+    try:
+        with path.open("rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise ValueError(f"data file is not readable: {path}: {e}") from e
+    if path.suffix.lower() == ".parquet":
+        _check_parquet_footer(path)
+
+
+def _check_parquet_footer(path: Path) -> None:
+    try:
+        pq.ParquetFile(path)  # reads only the footer
+    except (OSError, ValueError, pa.ArrowException) as e:
+        raise ValueError(f"data file is not valid parquet: {path}: {e}") from e
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of the file's bytes: the source identity that sample ids derive from."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def iter_records(path: Path) -> Iterator[RawRecord]:
+    """Records in file order, row numbers counting records (blank lines are not records)."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        yield from _iter_parquet(path)
+    elif suffix == ".json":
+        yield from _iter_json(path)
+    else:
+        yield from _iter_jsonl(path)
+
+
+def _iter_jsonl(path: Path) -> Iterator[RawRecord]:
+    row = 0
+    with path.open("rb") as f:
+        for line_number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            yield _decode_line(raw, line_number, row)
+            row += 1
+
+
+def _decode_line(raw: bytes, line_number: int, row: int) -> RawRecord:
+    try:
+        return RawRecord(row, value=json.loads(raw.decode("utf-8-sig" if line_number == 1 else "utf-8")))
+    except UnicodeDecodeError as e:
+        return RawRecord(row, error=f"line {line_number}: not valid UTF-8 at byte {e.start}")
+    except json.JSONDecodeError as e:
+        return RawRecord(row, error=f"line {line_number}: {e.msg} at column {e.colno}")
+
+
+def _iter_json(path: Path) -> Iterator[RawRecord]:
+    """A .json file is an array of records, a single record, or (as many exports are) JSON Lines."""
+    raw = path.read_bytes()
+    try:
+        value = json.loads(raw.decode("utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        if raw.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
+            # An array has no per-record boundaries to recover from, so a malformed one fails the whole file.
+            raise ValueError(f"{path}: not a valid JSON array: {e}") from e
+        yield from _iter_jsonl(path)
+        return
+    for row, record in enumerate(value if isinstance(value, list) else [value]):
+        yield RawRecord(row, value=record)
+
+
+def _iter_parquet(path: Path) -> Iterator[RawRecord]:
+    row = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS):
+        for value in batch.to_pylist():
+            yield RawRecord(row, value=value)
+            row += 1
+
+
+def parse_record(value: Any) -> Parsed:
+    """The conversation or text a record holds; raises RecordError naming what is wrong with it."""
+    if not isinstance(value, dict):
+        raise RecordError("not_an_object", f"record is a JSON {_kind(value)}, expected an object")
+    # Parquet fills absent columns with nulls, so a null field counts as absent.
+    present = {key: val for key, val in value.items() if val is not None}
+    if not present:
+        raise RecordError("empty", "record has no fields" if not value else "every field is null")
+    if "messages" in present:
+        return Parsed(messages=_parse_turns(present["messages"], "messages", ("role", "content"), OPENAI_ROLES))
+    if "conversations" in present:
+        turns = present["conversations"]
+        return Parsed(messages=_parse_turns(turns, "conversations", ("from", "value"), SHAREGPT_ROLES))
+    if "prompt" in present:
+        return Parsed(messages=_parse_prompt(present))
+    if "text" in present:
+        return Parsed(text=_text_content(present["text"], "text"))
+    raise RecordError(
+        "unknown_format", f"no messages, conversations, prompt or text field; fields: {sorted(value)[:10]}"
+    )
+
+
+def _parse_turns(turns: Any, field: str, keys: tuple[str, str], roles: dict[str, str]) -> list[dict[str, str]]:
+    messages = _turns(turns, field, keys, roles)
+    _require_assistant(messages)
+    return messages
+
+
+def _turns(turns: Any, field: str, keys: tuple[str, str], roles: dict[str, str]) -> list[dict[str, str]]:
+    if not isinstance(turns, list):
+        raise RecordError("unknown_format", f"{field} is a {_kind(turns)}, expected a list of turns")
+    if not turns:
+        raise RecordError("empty", f"{field} is an empty list")
+    role_key, content_key = keys
+    messages = []
+    for index, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise RecordError("unknown_format", f"{field}[{index}] is a {_kind(turn)}, expected an object")
+        raw_role = turn.get(role_key, turn.get("role"))  # some ShareGPT exports mix in role/content
+        role = roles.get(raw_role) if isinstance(raw_role, str) else None
+        if role is None:
+            raise RecordError("unknown_role", f"{field}[{index}] has role {raw_role!r}; known: {sorted(roles)}")
+        content = _text_content(turn.get(content_key, turn.get("content")), f"{field}[{index}]")
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def _parse_prompt(record: dict[str, Any]) -> list[dict[str, str]]:
+    messages = []
+    if "system" in record:
+        messages.append({"role": "system", "content": _text_content(record["system"], "system")})
+    messages += _prompt_part(record["prompt"], "prompt", "user")
+    answer_field = "response" if "response" in record else "completion"
+    if answer_field in record:
+        messages += _prompt_part(record[answer_field], answer_field, "assistant")
+    _require_assistant(messages)
+    return messages
+
+
+def _prompt_part(value: Any, field: str, role: str) -> list[dict[str, str]]:
+    """A string is one turn of `role`; a list of role/content objects is already turns (TRL's conversational form)."""
+    if isinstance(value, list) and value and all(isinstance(turn, dict) and "role" in turn for turn in value):
+        return _turns(value, field, ("role", "content"), OPENAI_ROLES)
+    return [{"role": role, "content": _text_content(value, field)}]
+
+
+def _require_assistant(messages: list[dict[str, str]]) -> None:
+    # Generating missing answers is the job of a regeneration stage, not of data preparation.
+    if not any(message["role"] == "assistant" for message in messages):
+        roles = [message["role"] for message in messages]
+        raise RecordError("no_assistant_turn", f"no assistant turn to train on; roles: {roles}")
+
+
+def _text_content(content: Any, where: str) -> str:
+    """The text of a content field; OpenAI-style lists of text parts are joined as Kimi's template joins them."""
+    if isinstance(content, list):
+        content = _join_text_parts(content, where)
+    if content is None or (isinstance(content, str) and not content.strip()):
+        raise RecordError("empty", f"{where} has empty content")
+    if not isinstance(content, str):
+        raise RecordError("non_text_content", f"{where} content is a {_kind(content)}, expected text")
+    return content
+
+
+def _join_text_parts(parts: list[Any], where: str) -> str:
+    texts = []
+    for index, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else _kind(part)
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise RecordError("non_text_content", f"{where} content part {index} is {kind!r}, only text is supported")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _kind(value: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)

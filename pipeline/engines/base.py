@@ -1,0 +1,121 @@
+"""The engine contract: start from a model, capture canonical points for a batch, report what really ran.
+
+Every engine (hf, vllm, sglang) implements `Engine` in its own module and registers under its name; the orchestration
+code never branches on an engine's name. Heavy imports (transformers, vllm, sglang) happen inside the adapters.
+"""
+from __future__ import annotations
+
+import abc
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+import torch
+
+from pipeline.data.sample import PreparedSample
+from pipeline.points import Point
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capture:
+    """Hidden states of one sample at the requested points, padding stripped.
+
+    hidden_states_TPH: [T tokens, P points in request order, H hidden], in the engine's compute dtype.
+    input_ids_T: the token ids the engine really consumed (int64), checked against the prepared ids before writing.
+    """
+
+    sample_id: str
+    input_ids_T: np.ndarray
+    hidden_states_TPH: torch.Tensor
+
+
+@dataclass(kw_only=True)
+class PointSource:
+    """How one canonical point was obtained from an engine (goes into provenance)."""
+
+    point: str  # canonical label, e.g. "b3" or "final_norm"
+    native_id: int | str | None  # the id in the framework's own numbering, None when not captured natively
+    method: str  # e.g. "hf output_hidden_states[3]", "forward hook on model.norm input"
+
+
+@dataclass(kw_only=True)
+class EngineInfo:
+    """What the engine really ran, read from the running engine, not from the config that asked for it."""
+
+    framework: str
+    framework_version: str
+    dtype: str
+    quantization: dict[str, Any]  # method, kernel, whether weights were dequantized at load, ...
+    attention_backend: str
+    parallel: dict[str, int]  # tp, pp, dp, ...
+    libraries: dict[str, str]  # versions of torch, transformers, ...
+    points: list[PointSource] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine(abc.ABC):
+    """One loaded model in one framework. Use as a context manager: `with engine: engine.capture(...)`."""
+
+    name: ClassVar[str]
+
+    def __init__(self, *, model_path: str, dtype: str, points: Sequence[Point], num_layers: int,
+                 options: dict[str, Any]) -> None:
+        self.model_path = model_path
+        self.dtype = dtype
+        self.points = list(points)
+        self.num_layers = num_layers
+        self.options = dict(options)
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Load the model (slow; once per run)."""
+
+    @abc.abstractmethod
+    def capture(self, samples: Sequence[PreparedSample]) -> list[Capture]:
+        """Run one forward pass over the batch; one Capture per sample, in input order."""
+
+    @abc.abstractmethod
+    def info(self) -> EngineInfo:
+        """Provenance of the running engine (valid after start)."""
+
+    def close(self) -> None:
+        """Release the model and any worker processes."""
+
+    def __enter__(self) -> "Engine":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# name -> "module:Class"; adapters are imported only when used, so a missing optional dependency
+# fails at engine start with its install command, not at import of the pipeline.
+# An entry of None is an engine whose adapter has not landed yet: configs naming it validate, starting it fails clearly.
+_REGISTRY: dict[str, str | None] = {
+    "hf": "pipeline.engines.hf:HFEngine",
+    "vllm": None,
+    "sglang": None,
+}
+
+
+def register(name: str, target: str) -> None:
+    if _REGISTRY.get(name) not in (None, target):
+        raise ValueError(f"engine {name!r} is already registered as {_REGISTRY[name]}")
+    _REGISTRY[name] = target
+
+
+def engine_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def engine_class(name: str) -> type[Engine]:
+    if name not in _REGISTRY:
+        raise ValueError(f"engine={name!r} is unknown; known engines: {', '.join(engine_names())}")
+    target = _REGISTRY[name]
+    if target is None:
+        raise NotImplementedError(f"engine={name!r}: its adapter is not part of this version yet; "
+                                  f"engines that run now: {', '.join(n for n in engine_names() if _REGISTRY[n])}")
+    module_name, cls_name = target.split(":")
+    return getattr(importlib.import_module(module_name), cls_name)

@@ -1,0 +1,247 @@
+"""Builds one tiny model directory: config, seeded weights, tokenizer, and (for Kimi) the INT4 expert format.
+
+The Kimi-architecture recipes share one set of base weights (same seed, same tensor names), so the INT4 model, its
+bf16 twin and the default-rope variant differ only where they are meant to.
+"""
+from __future__ import annotations
+
+# torch, numpy and transformers are imported inside the functions that build: a cached ensure_model() stays cheap.
+
+import hashlib
+import json
+import math
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SEED = 20260130
+VOCAB_SIZE = 4096
+# Logits with std ~4 (entropy ~3 nats of 8.3): peaked enough that top-1 agreement and KL between engines mean
+# something, unlike the near-uniform distribution of a unit-scale head.
+LOGIT_SCALE = 4.0
+
+# Kimi-K2's config.json keys, scaled down. Kept as in Kimi: kv_lora_rank 512 and qk_rope_head_dim 64 (the only MLA
+# shape vLLM's CPU backend runs), the routing (sigmoid, noaux_tc, 1 group, norm_topk_prob, scaling 2.827) and the
+# yarn rope (factor 32 over 4096 original positions, beta 1/1, mscale 1/1).
+KIMI_YARN = {
+    "beta_fast": 1.0,
+    "beta_slow": 1.0,
+    "factor": 32.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "original_max_position_embeddings": 4096,
+    "type": "yarn",
+}
+KIMI_ROPE_THETA = 50000.0
+KIMI_TINY: dict[str, Any] = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "moe_intermediate_size": 128,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "q_lora_rank": 128,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 64,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 64,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "routed_scaling_factor": 2.827,
+    "scoring_func": "sigmoid",
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": True,
+    "aux_loss_alpha": 0.001,
+    "seq_aux": True,
+    "ep_size": 1,
+    "num_nextn_predict_layers": 0,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "initializer_range": 0.02,
+    "use_cache": True,
+}
+LLAMA_TINY: dict[str, Any] = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "initializer_range": 0.02,
+    "use_cache": True,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    name: str
+    family: str  # "kimi" (DeepseekV3ForCausalLM) or "llama"
+    rope: str = "yarn"  # kimi only: "yarn" (as Kimi ships) or "default"
+    int4_experts: bool = False
+    description: str = ""
+
+    def spec(self) -> dict[str, Any]:
+        """Everything that decides the files, for the builder digest."""
+        base = KIMI_TINY if self.family == "kimi" else LLAMA_TINY
+        return {"recipe": self.__dict__, "config": base, "yarn": KIMI_YARN, "seed": SEED, "logit_scale": LOGIT_SCALE}
+
+
+def build_model_dir(recipe: Recipe, out_dir: Path) -> None:
+    """Writes the complete model (minus the completion marker) into the empty directory out_dir."""
+    from pipeline.models.tokenizer import build_tokenizer
+
+    build_tokenizer(out_dir)
+    token_ids = _special_token_ids(out_dir)
+    config = _hf_config(recipe, token_ids)
+    names_shapes = _checkpoint_layout(config, out_dir)
+    tensors = {name: _init_tensor(name, shape) for name, shape in names_shapes.items()}
+    if recipe.family == "kimi":
+        tensors = _kimi_tensors(recipe, tensors)
+    _save_safetensors(tensors, out_dir / "model.safetensors")
+    _patch_config_json(recipe, out_dir / "config.json")
+
+
+def _special_token_ids(model_dir: Path) -> dict[str, int | None]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    if len(tok) > VOCAB_SIZE:
+        raise ValueError(f"tokenizer in {model_dir} has {len(tok)} tokens; the tiny models' vocab_size is {VOCAB_SIZE}")
+    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    if ids["eos_token_id"] is None:
+        raise ValueError(f"tokenizer in {model_dir} defines no eos token (eos_token={tok.eos_token!r})")
+    return ids
+
+
+def _hf_config(recipe: Recipe, token_ids: dict[str, int | None]):
+    if recipe.family == "kimi":
+        from transformers import DeepseekV3Config
+
+        rope = dict(KIMI_YARN) if recipe.rope == "yarn" else {"rope_type": "default"}
+        rope["rope_theta"] = KIMI_ROPE_THETA
+        return DeepseekV3Config(**KIMI_TINY, rope_parameters=rope, **token_ids)
+    if recipe.family == "llama":
+        from transformers import LlamaConfig
+
+        return LlamaConfig(**LLAMA_TINY, **token_ids)
+    raise ValueError(f"recipe {recipe.name!r}: family={recipe.family!r} is not one of ['kimi', 'llama']")
+
+
+def _checkpoint_layout(config, out_dir: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes exactly as transformers saves this architecture (per-expert MoE names included).
+
+    save_pretrained also writes config.json and generation_config.json, with the special-token ids in both."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(SEED)  # the throwaway init below is never stored, but keep the build free of global state
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    # Scratch inside out_dir: a killed build leaves it in the building directory, which the next build removes.
+    with tempfile.TemporaryDirectory(dir=out_dir) as scratch, _quiet_progress_bars():
+        model.save_pretrained(scratch)
+        with safe_open(Path(scratch) / "model.safetensors", "pt") as f:
+            layout = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+        for name in ("config.json", "generation_config.json"):
+            (out_dir / name).write_bytes((Path(scratch) / name).read_bytes())
+    return layout
+
+
+@contextmanager
+def _quiet_progress_bars() -> Iterator[None]:
+    # save_pretrained draws a progress bar on stderr; the CLI's output is one line per model.
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _rng(name: str):
+    import numpy as np
+
+    # One stream per tensor name: values do not depend on creation order, and numpy's generator is bit-stable
+    # across platforms (torch's vectorised normal_ is not guaranteed to be).
+    digest = hashlib.sha256(f"{SEED}:{name}".encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def _init_std(name: str, shape: tuple[int, ...]) -> float:
+    """Unit-variance embeddings and fan-in scaled projections: each layer then moves the residual stream by a
+    visible amount (cosine to the previous boundary 0.66-0.93) while its RMS grows only ~1 -> 3.7 over 8 layers."""
+    if name.endswith("embed_tokens.weight"):
+        return 1.0
+    std = 1.0 / math.sqrt(shape[1])
+    if name == "lm_head.weight":
+        std *= LOGIT_SCALE
+    return std
+
+
+def _init_tensor(name: str, shape: tuple[int, ...]):
+    import numpy as np
+    import torch
+
+    rng = _rng(name)
+    if name.endswith("e_score_correction_bias"):
+        # Non-zero so noaux_tc's bias really changes expert choice; fp32 as in DeepSeek-V3/Kimi checkpoints.
+        return torch.from_numpy(rng.normal(0.0, 0.1, shape).astype(np.float32))
+    if len(shape) == 1:  # RMSNorm weights: near 1, not exactly, so a norm loaded wrong shows up in outputs
+        values = 1.0 + 0.1 * rng.standard_normal(shape)
+    else:
+        values = rng.standard_normal(shape) * _init_std(name, shape)
+    return torch.from_numpy(values.astype(np.float32)).to(torch.bfloat16)
+
+
+def _kimi_tensors(recipe: Recipe, tensors: dict) -> dict:
+    from pipeline.models.int4 import quantize_experts
+
+    int4, twin = quantize_experts(tensors)
+    return int4 if recipe.int4_experts else twin
+
+
+def _save_safetensors(tensors: dict, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(path), metadata={"format": "pt"})
+    path.chmod(0o644)  # safetensors creates it private; engines may run as another user
+
+
+def _patch_config_json(recipe: Recipe, path: Path) -> None:
+    config = json.loads(path.read_text())
+    config["torch_dtype"] = "bfloat16"  # Kimi's config.json key (pre-5 readers); transformers 5 writes "dtype"
+    # transformers 5 reads rope_parameters; the legacy top-level rope_theta / rope_scaling (Kimi's own keys) are
+    # what older readers look for. Both forms are written and say the same thing.
+    config["rope_theta"] = config["rope_parameters"]["rope_theta"]
+    config["rope_scaling"] = dict(KIMI_YARN) if recipe.family == "kimi" and recipe.rope == "yarn" else None
+    if recipe.family == "kimi":
+        config["moe_layer_freq"] = KIMI_TINY["moe_layer_freq"]  # SGLang reads it; transformers may drop it
+        if recipe.int4_experts:
+            from pipeline.models.int4 import quantization_config
+
+            config["quantization_config"] = quantization_config()
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

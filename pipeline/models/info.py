@@ -1,0 +1,53 @@
+"""What a checkpoint directory says about its model, read from config.json without loading any weights."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.points import family_of
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelInfo:
+    path: Path
+    model_type: str
+    architecture: str
+    family: str  # the capture-numbering family ("llama", "deepseek")
+    num_layers: int
+    hidden_size: int
+    torch_dtype: str
+    quantization: dict[str, Any] | None
+
+
+def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+    # Multimodal checkpoints (Kimi-K2.5) nest the language model's config; the captured stream is the text model's.
+    return config.get("text_config") or config
+
+
+def read_model_info(path: str | Path) -> ModelInfo:
+    path = Path(path)
+    config_file = path / "config.json"
+    if not path.is_dir():
+        raise FileNotFoundError(f"model.path={str(path)!r}: no such directory")
+    if not config_file.is_file():
+        raise FileNotFoundError(f"model.path={str(path)!r}: no config.json in it (not a checkpoint directory)")
+    try:
+        config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"model.path={str(path)!r}: config.json is not valid JSON ({e})") from e
+    text = _text_config(config)
+    missing = [k for k in ("model_type", "num_hidden_layers", "hidden_size") if k not in text]
+    if missing:
+        raise ValueError(f"model.path={str(path)!r}: config.json lacks {missing}")
+    return ModelInfo(
+        path=path,
+        model_type=text["model_type"],
+        architecture=(config.get("architectures") or ["?"])[0],
+        family=family_of(text["model_type"]),
+        num_layers=int(text["num_hidden_layers"]),
+        hidden_size=int(text["hidden_size"]),
+        torch_dtype=str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "float32"),
+        quantization=config.get("quantization_config") or text.get("quantization_config"),
+    )

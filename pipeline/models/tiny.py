@@ -1,0 +1,182 @@
+"""Tiny local target models, built once and cached: `python -m pipeline.models.tiny [--root DIR] [--force] [NAME ...]`.
+
+A model directory is complete only when its marker (`.built.json`, written last) names the current builder digest.
+Anything else is rebuilt from scratch in a temporary directory beside it and renamed into place, so a crash never
+leaves a half-built model that looks complete.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+
+from pipeline.models.build import Recipe, build_model_dir
+
+MARKER = ".built.json"
+BUILDER_VERSION = 1  # bump when the output changes in a way the digested sources below do not show
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe(
+            name="tiny-kimi-int4",
+            family="kimi",
+            int4_experts=True,
+            description="Kimi-K2 architecture, routed experts int4 pack-quantized (compressed-tensors)",
+        ),
+        Recipe(
+            name="tiny-kimi-bf16",
+            family="kimi",
+            description="bf16 twin of tiny-kimi-int4: routed experts hold the dequantized int4 weights",
+        ),
+        Recipe(
+            name="tiny-kimi-bf16-defaultrope",
+            family="kimi",
+            rope="default",
+            description="tiny-kimi-bf16 with plain default rope (hits vLLM's CPU rotary kernel bug)",
+        ),
+        Recipe(name="tiny-llama", family="llama", description="Llama architecture, GQA, for cross-checks"),
+    )
+}
+
+_DIGESTED_MODULES = ("tiny.py", "build.py", "int4.py", "tokenizer.py")
+_DIGESTED_LIBS = ("torch", "transformers", "compressed-tensors", "safetensors", "tokenizers", "numpy")
+
+
+def default_root() -> Path:
+    env = os.environ.get("PIPELINE_MODELS_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / ".cache" / "models"
+
+
+def _recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        raise ValueError(f"unknown tiny model name={name!r}; known: {sorted(RECIPES)}")
+    return RECIPES[name]
+
+
+def builder_digest(name: str) -> str:
+    """Changes whenever the recipe, the builder's code or the libraries that shape the files change."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"version": BUILDER_VERSION, "spec": _recipe(name).spec()}, sort_keys=True).encode())
+    h.update(json.dumps({lib: metadata.version(lib) for lib in _DIGESTED_LIBS}, sort_keys=True).encode())
+    here = Path(__file__).resolve().parent
+    sources = [here / m for m in _DIGESTED_MODULES] + sorted((here.parent / "data" / "bundled").glob("*"))
+    for source in sources:  # the bundled conversations are the tokenizer's training corpus
+        body = source.read_bytes() if source.is_file() else b"<missing>"
+        h.update(f"{source.relative_to(here.parent)}:{len(body)}:".encode() + body)
+    return h.hexdigest()
+
+
+def _file_digests(model_dir: Path) -> dict[str, dict[str, int | str]]:
+    files = sorted(p for p in model_dir.rglob("*") if p.is_file() and p.name != MARKER)
+    return {
+        str(p.relative_to(model_dir)): {
+            "bytes": p.stat().st_size,
+            "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+        }
+        for p in files
+    }
+
+
+def _write_marker(model_dir: Path, name: str) -> None:
+    marker = {"name": name, "builder_digest": builder_digest(name), "files": _file_digests(model_dir)}
+    (model_dir / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+
+
+def is_complete(model_dir: Path, name: str) -> bool:
+    """Marker present, for this name and builder digest, and every listed file present with its recorded size."""
+    try:
+        marker = json.loads((model_dir / MARKER).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    if marker.get("name") != name or marker.get("builder_digest") != builder_digest(name):
+        return False
+    files = marker.get("files") or {}
+    return bool(files) and all(
+        (model_dir / rel).is_file() and (model_dir / rel).stat().st_size == meta.get("bytes")
+        for rel, meta in files.items()
+    )
+
+
+@contextmanager
+def _build_lock(root: Path, name: str) -> Iterator[None]:
+    # Two processes (setup script, parallel tests) asking for the same model build it once.
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build_fresh(root: Path, name: str) -> Path:
+    final = root / name
+    for stale in root.glob(f".{name}.building-*"):  # left by a killed build; we hold the lock, so none is live
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.building-", dir=root))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; engines may run as another user
+        build_model_dir(_recipe(name), tmp)
+        _write_marker(tmp, name)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def ensure_model(name: str, root: Path | None = None, *, force: bool = False) -> Path:
+    """The directory of tiny model `name` under root (default: default_root()), built first if not complete."""
+    return _ensure(name, root, force)[0]
+
+
+def _ensure(name: str, root: Path | None, force: bool) -> tuple[Path, bool]:
+    """(path, whether this call built it)."""
+    _recipe(name)
+    root = Path(root) if root is not None else default_root()
+    final = root / name
+    if not force and is_complete(final, name):
+        return final, False
+    with _build_lock(root, name):
+        if not force and is_complete(final, name):  # another process finished it while we waited
+            return final, False
+        return _build_fresh(root, name), True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.models.tiny", description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"models to build (default: all of {list(RECIPES)})")
+    parser.add_argument(
+        "--root", type=Path, default=None, help="cache directory (default: $PIPELINE_MODELS_DIR or .cache/models)"
+    )
+    parser.add_argument("--force", action="store_true", help="rebuild even when a complete copy exists")
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in RECIPES]
+    if unknown:
+        parser.error(f"unknown model name(s) {unknown}; known: {list(RECIPES)}")
+    root = args.root if args.root is not None else default_root()
+    for name in args.names or list(RECIPES):
+        start = time.perf_counter()
+        path, built = _ensure(name, root, args.force)
+        status = f"built in {time.perf_counter() - start:.1f}s" if built else "cached"
+        print(f"{name}\t{path}\t{status}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The extract job: resolve -> prepare -> capture units (resumable) -> manifest, written last."""
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from pipeline import provenance
+from pipeline.config import ConfigError, resolved_dict, to_config
+from pipeline.data.prepare import PreparedData, prepare, write_rejects
+from pipeline.engines.base import engine_class
+from pipeline.run.capture import CaptureStage, UnitResult
+from pipeline.run.local import LocalExecutor
+from pipeline.run.resolve import ResolvedRun, prepare_out_dir, resolve_run
+from pipeline.shards.layout import FORMAT_VERSION
+from pipeline.shards.manifest import write_manifest
+from pipeline.shards.plan import plan_units
+
+log = logging.getLogger(__name__)
+PREPARE_REJECTS = "rejects.parquet"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSummary:
+    out_dir: Path
+    num_samples: int
+    num_tokens: int
+    num_shards: int
+    num_rejects: int
+    points: list[str]
+    resumed_shards: int
+    seconds: float
+
+
+def _prepare(run: ResolvedRun) -> tuple[PreparedData, str | None]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(run.model.path))
+    data = run.cfg.data
+    prepared = prepare(run.data_path, tokenizer, max_length=data.max_length, length_policy=data.length_policy,
+                       limit=data.limit)
+    log.info("prepared %d samples (%d tokens) from %s; %d rejected", len(prepared.samples),
+             sum(s.num_tokens for s in prepared.samples), run.data_path, len(prepared.rejects))
+    return prepared, getattr(tokenizer, "chat_template", None)
+
+
+def _run_record(run: ResolvedRun, config: dict[str, Any], prepared: PreparedData,
+                digests: dict[str, Any]) -> dict[str, Any]:
+    """What must not change between an interrupted run and its resumption."""
+    stable_config = {k: v for k, v in config.items() if k not in provenance.RUN_LOCAL_CONFIG_KEYS}
+    return {"config": stable_config, "data_digest": prepared.source_digest,
+            "model_config_sha256": digests["config_sha256"], "weights_sha256": digests["weights"]["sha256"],
+            "code": provenance.code_version()}
+
+
+def _make_engine(run: ResolvedRun):
+    cfg = run.cfg.engine
+    cls = engine_class(cfg.name)
+    return cls(model_path=str(run.model.path), dtype=cfg.dtype, points=run.points, num_layers=run.model.num_layers,
+               options={**cfg.options, "tp_size": cfg.tp_size})
+
+
+def _manifest(run: ResolvedRun, prov: dict[str, Any], results: list[UnitResult],
+              prepared: PreparedData) -> dict[str, Any]:
+    entries = [r.entry for r in results if r.entry is not None]
+    rejects = list(prepared.rejects) + [rej for r in results for rej in r.rejects]
+    return {
+        "format_version": FORMAT_VERSION,
+        "points": [p.label for p in run.points],
+        "hidden_size": run.model.hidden_size,
+        "dtype": entries[0].dtype if entries else None,
+        "num_samples": sum(e.num_samples for e in entries),
+        "num_tokens": sum(e.num_tokens for e in entries),
+        "num_loss_tokens": sum(e.num_loss_tokens for e in entries),
+        "shards": [e.to_dict() for e in entries],
+        "rejects": {"total": len(rejects), "by_reason": dict(Counter(r.reason for r in rejects)),
+                    "files": [PREPARE_REJECTS, "rejects/"]},
+        "provenance": prov,
+        "provenance_digest": provenance.digest(prov),
+    }
+
+
+def run_extract(dcfg: DictConfig) -> RunSummary:
+    started = time.perf_counter()
+    cfg = to_config(dcfg)
+    run = resolve_run(cfg)  # every config error surfaces here, before any model loads
+    try:
+        engine = _make_engine(run)  # constructing loads nothing; an engine whose adapter is absent fails here
+    except NotImplementedError as e:
+        raise ConfigError(str(e)) from e
+    config = resolved_dict(dcfg)
+    prepared, chat_template = _prepare(run)
+    digests = provenance.model_digests(run.model, chat_template)
+    resuming = prepare_out_dir(run, _run_record(run, config, prepared, digests))
+    write_rejects(run.out_dir / PREPARE_REJECTS, prepared.rejects)
+    units = plan_units(prepared.samples, max_tokens_per_shard=cfg.runner.max_tokens_per_shard,
+                       max_samples_per_shard=cfg.runner.max_samples_per_shard)
+    log.info("%s %s: %d units of at most %d tokens", "resuming" if resuming else "starting", run.out_dir,
+             len(units), cfg.runner.max_tokens_per_shard)
+    with engine:
+        prov = provenance.build(model=run.model, digests=digests, engine=engine.info(), points=run.points,
+                                config=config, diff=None)
+        stage = CaptureStage(engine=engine, points=run.points, hidden_size=run.model.hidden_size,
+                             batch_size=cfg.engine.batch_size, storage_dtype=cfg.runner.storage_dtype,
+                             metadata=provenance.compact(prov))
+        results = LocalExecutor().run(stage, run.out_dir, units)
+    manifest = _manifest(run, prov, results, prepared)
+    write_manifest(run.out_dir, manifest)
+    return RunSummary(out_dir=run.out_dir, num_samples=manifest["num_samples"], num_tokens=manifest["num_tokens"],
+                      num_shards=len(manifest["shards"]), num_rejects=manifest["rejects"]["total"],
+                      points=manifest["points"], resumed_shards=sum(r.skipped for r in results),
+                      seconds=time.perf_counter() - started)

@@ -1,0 +1,108 @@
+"""Check a config against the world before any model loads: engine, model, points, data, output directory.
+
+Each failure names the config field and the value. The result is everything later stages need, resolved once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.config import ConfigError, ExtractConfig
+from pipeline.data.sources import check_readable
+from pipeline.engines.base import engine_class, engine_names
+from pipeline.models.info import ModelInfo, read_model_info
+from pipeline.points import Point, PointError, resolve
+from pipeline.shards.manifest import is_finished
+
+RUN_FILE = "run.json"  # written when a run starts; a rerun resumes only a run of the same config
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedRun:
+    cfg: ExtractConfig
+    model: ModelInfo
+    points: list[Point]
+    data_path: Path
+    out_dir: Path
+
+
+def _check_engine(cfg: ExtractConfig) -> None:
+    if cfg.engine.name not in engine_names():
+        raise ConfigError(f"engine={cfg.engine.name!r} is unknown; known engines: {', '.join(engine_names())}")
+
+
+def _model_dir(cfg: ExtractConfig) -> Path:
+    if not cfg.model.build:
+        return Path(cfg.model.path)
+    from pipeline.models.tiny import ensure_model
+
+    path = Path(cfg.model.path) if cfg.model.path else None
+    if path is not None and path.name != cfg.model.build:
+        raise ConfigError(f"model.path={cfg.model.path!r}: a built model lives in a directory named after its recipe "
+                          f"{cfg.model.build!r}")
+    return ensure_model(cfg.model.build, path.parent if path is not None else None)  # cached after the first build
+
+
+def _check_out_dir(cfg: ExtractConfig) -> Path:
+    out = Path(cfg.out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out_dir={cfg.out_dir!r} exists and is not a directory")
+    if out.exists() and is_finished(out) and not cfg.overwrite:
+        raise ConfigError(f"out_dir={cfg.out_dir!r} holds a finished run (manifest.json); choose another out_dir, "
+                          f"or pass overwrite=true to replace it")
+    probe = out if out.exists() else next(p for p in out.parents if p.exists())
+    if not probe.is_dir():
+        raise ConfigError(f"out_dir={cfg.out_dir!r} cannot be created: {probe} is a file")
+    try:  # a real write: permission bits alone say nothing for root or on read-only mounts
+        tempfile.TemporaryFile(dir=probe).close()
+    except OSError as e:
+        raise ConfigError(f"out_dir={cfg.out_dir!r} is not writable ({probe}: {e.strerror})") from e
+    return out
+
+
+def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
+    _check_engine(cfg)
+    out_dir = _check_out_dir(cfg)
+    try:
+        check_readable(cfg.data.path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"data.path={cfg.data.path!r}: {e}") from e
+    try:
+        model = read_model_info(_model_dir(cfg))
+    except (OSError, ValueError) as e:
+        raise ConfigError(str(e) if "model.path" in str(e) else f"model.path={cfg.model.path!r}: {e}") from e
+    try:
+        points = resolve(cfg.capture.points, convention=cfg.capture.convention, family=model.family,
+                         num_layers=model.num_layers)
+    except PointError as e:
+        raise ConfigError(f"capture.points={list(cfg.capture.points)!r} ({cfg.capture.convention} ids): {e}") from e
+    return ResolvedRun(cfg=cfg, model=model, points=points, data_path=Path(cfg.data.path), out_dir=out_dir)
+
+
+def prepare_out_dir(run: ResolvedRun, run_record: dict) -> bool:
+    """Create or reuse the run directory. Returns True when resuming an unfinished run of the same config."""
+    out = run.out_dir
+    if out.exists() and is_finished(out):  # overwrite=true was checked in resolve_run
+        shutil.rmtree(out)
+    marker = out / RUN_FILE
+    if marker.exists():
+        previous = json.loads(marker.read_text())
+        if previous != run_record:
+            changed = sorted(k for k in set(previous) | set(run_record) if previous.get(k) != run_record.get(k))
+            raise ConfigError(f"out_dir={str(out)!r} holds an unfinished run with a different {', '.join(changed)}; "
+                              f"resume it with the same settings, or choose another out_dir")
+        return True
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"out_dir={str(out)!r} is not empty and holds no run; choose an empty or new directory")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps(run_record, indent=2, sort_keys=True))
+    os.replace(tmp, marker)
+    return False
+
+
+__all__ = ["ConfigError", "ResolvedRun", "resolve_run", "prepare_out_dir", "engine_class"]

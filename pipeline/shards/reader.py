@@ -1,0 +1,110 @@
+"""Random access to a finished run by sample id, reading only that sample's rows.
+
+The id -> (shard, offset, length) index comes from the small Parquet files; tensors come from the safetensors files
+through `safe_open(..., framework="pt")` + `get_slice`, which memory-maps the file and copies out only the rows
+asked for, so reading one sample never reads a whole shard.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow.parquet as pq
+import torch
+from safetensors import safe_open
+
+from pipeline.shards import layout
+from pipeline.shards.manifest import read_manifest
+from pipeline.shards.writer import ShardEntry
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Location:
+    shard: int  # position in the manifest's shard list
+    offset: int
+    num_tokens: int
+
+
+def _file_of(entry: ShardEntry, suffix: str) -> str:
+    matches = [rel for rel in entry.files if rel.endswith(suffix)]
+    if len(matches) != 1:
+        raise ValueError(f"shard {entry.name}: expected one {suffix} file, manifest lists {sorted(entry.files)}")
+    return matches[0]
+
+
+class RunReader:
+    """Read samples of a finished run directory. Use as a context manager, or call `close()`."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.manifest = read_manifest(self.run_dir)
+        self.points: list[str] = list(self.manifest["points"])
+        self.entries = [ShardEntry.from_dict(e) for e in self.manifest["shards"]]
+        self._tensor_files = [self.run_dir / _file_of(e, ".safetensors") for e in self.entries]
+        self._index: dict[str, _Location] = {}
+        for shard, entry in enumerate(self.entries):
+            self._index_shard(shard, self.run_dir / _file_of(entry, ".parquet"))
+        self._handles: dict[int, Any] = {}
+
+    def _index_shard(self, shard: int, parquet: Path) -> None:
+        table = pq.read_table(parquet, columns=["sample_id", "offset", "num_tokens"]).to_pydict()
+        for sample_id, offset, num_tokens in zip(table["sample_id"], table["offset"], table["num_tokens"]):
+            if sample_id in self._index:
+                raise ValueError(f"sample_id {sample_id!r} appears twice (second time in {parquet.name})")
+            self._index[sample_id] = _Location(shard=shard, offset=offset, num_tokens=num_tokens)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, sample_id: object) -> bool:
+        return sample_id in self._index
+
+    @property
+    def sample_ids(self) -> list[str]:
+        """All sample ids in storage order (shard by shard, then by offset)."""
+        return list(self._index)
+
+    def _handle(self, shard: int) -> Any:
+        if shard not in self._handles:
+            handle = safe_open(str(self._tensor_files[shard]), framework="pt")
+            stored = json.loads(handle.metadata()[layout.META_POINTS])
+            if stored != self.points:
+                raise ValueError(f"{self._tensor_files[shard].name}: points {stored} != manifest {self.points}")
+            self._handles[shard] = handle
+        return self._handles[shard]
+
+    def __getitem__(self, sample_id: str) -> dict[str, Any]:
+        """{"sample_id", "hidden_states" [T, P, H], "input_ids" [T] int64, "loss_mask" [T] uint8}."""
+        try:
+            loc = self._index[sample_id]
+        except KeyError:
+            raise KeyError(f"sample_id {sample_id!r} is not in run {self.run_dir}") from None
+        handle = self._handle(loc.shard)
+        rows = slice(loc.offset, loc.offset + loc.num_tokens)
+        return {
+            "sample_id": sample_id,
+            "hidden_states": handle.get_slice(layout.HIDDEN_STATES)[rows],
+            "input_ids": handle.get_slice(layout.INPUT_IDS)[rows],
+            "loss_mask": handle.get_slice(layout.LOSS_MASK)[rows],
+        }
+
+    def iter_samples(self) -> Iterator[dict[str, Any]]:
+        """Every sample in storage order, one at a time; each shard is unmapped once it has been read."""
+        previous = None
+        for sample_id, loc in self._index.items():
+            if previous is not None and loc.shard != previous:
+                self._handles.pop(previous, None)  # keep one shard mapped, so resident pages stay bounded
+            previous = loc.shard
+            yield self[sample_id]
+
+    def close(self) -> None:
+        # Dropping the handles unmaps the files (safe_open has no explicit close outside a `with`).
+        self._handles.clear()
+
+    def __enter__(self) -> "RunReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

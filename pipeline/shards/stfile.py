@@ -1,0 +1,130 @@
+"""Raw safetensors I/O: write a file tensor by tensor, chunk by chunk, and read a header without mapping the file.
+
+safetensors' own `save_file` needs every tensor whole in memory and then copies it to bytes, so writing a shard that
+way costs about three shard sizes of RAM. Writing the (simple, documented) format ourselves streams each sample's
+hidden states straight to disk: the writer adds no copy beyond one sample. Files are read back with the real
+`safetensors` library in the reader and the tests, which is what keeps this writer honest.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterable, Mapping
+
+import numpy as np
+import torch
+
+_ALIGN = 8
+_MAX_HEADER_BYTES = 100 << 20  # a guard against reading a corrupt length as a huge allocation
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorSpec:
+    name: str
+    dtype_code: str  # safetensors code, e.g. "BF16"
+    shape: tuple[int, ...]
+    num_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorInfo:
+    dtype_code: str
+    shape: tuple[int, ...]
+    start: int  # absolute file offset of the first byte
+    end: int  # absolute file offset one past the last byte
+
+
+def _header_bytes(specs: Iterable[TensorSpec], metadata: Mapping[str, str]) -> bytes:
+    header: dict[str, object] = {"__metadata__": dict(metadata)}
+    offset = 0
+    for spec in specs:
+        header[spec.name] = {"dtype": spec.dtype_code, "shape": list(spec.shape),
+                             "data_offsets": [offset, offset + spec.num_bytes]}
+        offset += spec.num_bytes
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    # The format allows trailing spaces in the header; padding puts the data start on an 8-byte boundary.
+    raw += b" " * (-(8 + len(raw)) % _ALIGN)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+class StreamingWriter:
+    """Writes one safetensors file whose tensor list is declared up front and whose data arrives in chunks.
+
+    Chunks must arrive in declaration order; `close` checks every declared byte was written. The sha256 and size of
+    everything written are available afterwards, so the file never has to be read back to be hashed.
+    """
+
+    def __init__(self, f: BinaryIO, specs: list[TensorSpec], metadata: Mapping[str, str]) -> None:
+        self._f = f
+        self._specs = specs
+        self._sha = hashlib.sha256()
+        self.num_bytes = 0
+        self._expected = sum(s.num_bytes for s in specs)
+        self._write(_header_bytes(specs, metadata))
+        self._data_start = self.num_bytes
+
+    def _write(self, data: bytes | memoryview) -> None:
+        self._f.write(data)
+        self._sha.update(data)
+        self.num_bytes += len(data)
+
+    def write_chunk(self, tensor: torch.Tensor) -> None:
+        """Append the raw bytes of a tensor (any dtype torch can view as bytes)."""
+        flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        self._write(memoryview(flat.numpy()))
+
+    def write_array(self, array: np.ndarray) -> None:
+        self._write(memoryview(np.ascontiguousarray(array)).cast("B"))
+
+    def close(self) -> str:
+        written = self.num_bytes - self._data_start
+        if written != self._expected:
+            raise ValueError(f"safetensors data: wrote {written} bytes, header declares {self._expected}")
+        return self._sha.hexdigest()
+
+
+def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Parse a safetensors header with plain reads (no mmap), returning tensor infos and the metadata.
+
+    Raises ValueError naming what is malformed.
+    """
+    file_bytes = Path(path).stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) != 8:
+            raise ValueError(f"{path.name}: {file_bytes} bytes, too short for a safetensors header")
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len > min(_MAX_HEADER_BYTES, file_bytes - 8):
+            raise ValueError(f"{path.name}: header length {header_len} exceeds the file ({file_bytes} bytes)")
+        try:
+            header = json.loads(f.read(header_len))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path.name}: header is not valid JSON ({exc})") from exc
+    if not isinstance(header, dict):
+        raise ValueError(f"{path.name}: header is a {type(header).__name__}, not an object")
+    metadata = header.pop("__metadata__", None) or {}
+    data_start = 8 + header_len
+    infos = {}
+    for name, entry in header.items():
+        begin, end = entry["data_offsets"]
+        infos[name] = TensorInfo(dtype_code=entry["dtype"], shape=tuple(entry["shape"]),
+                                 start=data_start + begin, end=data_start + end)
+    return infos, metadata
+
+
+def read_range(path: Path, info: TensorInfo, torch_dtype: torch.dtype, row_bytes: int,
+               first_row: int, num_rows: int) -> torch.Tensor:
+    """Read rows [first_row, first_row + num_rows) of a tensor as a flat tensor, with a plain read (no mmap)."""
+    begin = info.start + first_row * row_bytes
+    size = num_rows * row_bytes
+    if begin + size > info.end:
+        raise ValueError(f"{path.name}: rows {first_row}..{first_row + num_rows} run past the tensor's end")
+    buf = bytearray(size)
+    with open(path, "rb") as f:
+        f.seek(begin)
+        if f.readinto(buf) != size:
+            raise ValueError(f"{path.name}: file ends before byte {begin + size}")
+    return torch.frombuffer(buf, dtype=torch_dtype) if size else torch.empty(0, dtype=torch_dtype)

@@ -1,0 +1,124 @@
+"""Verify a finished run directory: every problem is reported as one specific line; an empty list means sound.
+
+Checks, in order: the manifest parses and has what the format needs; every listed file exists with the recorded
+size and sha256; no file in shards/ is unlisted; each shard's header, offsets, finiteness and Parquet rows agree with
+the manifest (verify_shard.py); sample ids are unique across the run; totals equal the manifest's counts.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.shards import layout
+from pipeline.shards.manifest import ManifestError, read_manifest
+from pipeline.shards.verify_shard import Expected, check_shard
+from pipeline.shards.writer import ShardEntry
+
+
+def _expected(manifest: dict[str, Any]) -> tuple[Expected | None, list[str]]:
+    points, hidden_size, dtype = manifest["points"], manifest["hidden_size"], manifest["dtype"]
+    problems = []
+    if str(manifest["format_version"]) != layout.FORMAT_VERSION:
+        problems.append(f"manifest format_version={manifest['format_version']!r}, "
+                        f"this verifier reads {layout.FORMAT_VERSION!r}")
+    if not (isinstance(points, list) and points and all(isinstance(p, str) for p in points)):
+        problems.append(f"manifest points={points!r} is not a non-empty list of labels")
+    if not (isinstance(hidden_size, int) and hidden_size > 0):
+        problems.append(f"manifest hidden_size={hidden_size!r} is not a positive integer")
+    if dtype not in layout.HIDDEN_DTYPES:
+        problems.append(f"manifest dtype={dtype!r} is not one of {', '.join(layout.HIDDEN_DTYPES)}")
+    if not isinstance(manifest["shards"], list):
+        problems.append(f"manifest shards is a {type(manifest['shards']).__name__}, not a list")
+    if problems:
+        return None, problems
+    return Expected(points=points, hidden_size=hidden_size, dtype=dtype), []
+
+
+def _entries(manifest: dict[str, Any], expect: Expected) -> tuple[list[ShardEntry], list[str]]:
+    entries, problems = [], []
+    for i, raw in enumerate(manifest["shards"]):
+        try:
+            entry = ShardEntry.from_dict(raw)
+        except (TypeError, ValueError) as exc:
+            problems.append(f"manifest shards[{i}] is not a shard entry: {exc}")
+            continue
+        if entry.dtype != expect.dtype:
+            problems.append(f"{entry.name}: dtype {entry.dtype!r} != manifest dtype {expect.dtype!r}")
+        if entry.points != expect.points:
+            problems.append(f"{entry.name}: points {entry.points} != manifest points {expect.points}")
+        entries.append(entry)
+    names = [e.name for e in entries]
+    problems += [f"shard {n} is listed {names.count(n)} times" for n in sorted(set(names)) if names.count(n) > 1]
+    return entries, problems
+
+
+def _file_problems(run_dir: Path, entry: ShardEntry) -> list[str]:
+    problems = []
+    for rel, info in sorted(entry.files.items()):
+        path = run_dir / rel
+        if not path.is_file():
+            problems.append(f"{entry.name}: listed file {rel} is missing")
+        elif path.stat().st_size != info.get("bytes"):
+            problems.append(f"{entry.name}: {rel} has {path.stat().st_size} bytes, manifest says {info.get('bytes')}")
+        elif (digest := layout.file_sha256(path)) != info.get("sha256"):
+            problems.append(f"{entry.name}: {rel} sha256 {digest} != manifest {info.get('sha256')}")
+    return problems
+
+
+def _shard_files(run_dir: Path, entry: ShardEntry) -> tuple[Path, Path] | str:
+    """The shard's (.safetensors, .parquet) paths, or why its contents cannot be checked."""
+    suffixes = (".safetensors", ".parquet")
+    by_suffix = {suffix: [rel for rel in entry.files if rel.endswith(suffix)] for suffix in suffixes}
+    if any(len(rels) != 1 for rels in by_suffix.values()):
+        return f"{entry.name}: needs one .safetensors and one .parquet file, manifest lists {sorted(entry.files)}"
+    st, pq = (run_dir / by_suffix[s][0] for s in suffixes)
+    return (st, pq) if st.is_file() and pq.is_file() else ""  # missing files are already reported
+
+
+def _unlisted_problems(run_dir: Path, entries: list[ShardEntry]) -> list[str]:
+    shards_dir = run_dir / layout.SHARDS_DIR
+    if not shards_dir.is_dir():
+        return [] if not entries else [f"{shards_dir} does not exist"]
+    allowed = {(run_dir / rel).resolve() for e in entries for rel in e.files}
+    allowed |= {(shards_dir / f"{e.name}.done.json").resolve() for e in entries}
+    found = sorted(p for p in shards_dir.rglob("*") if not p.is_dir())
+    return [f"unlisted file {p.relative_to(run_dir).as_posix()} in shards/" for p in found
+            if p.resolve() not in allowed]
+
+
+def _total_problems(manifest: dict[str, Any], entries: list[ShardEntry]) -> list[str]:
+    keys = ["num_samples", "num_tokens"] + (["num_loss_tokens"] if "num_loss_tokens" in manifest else [])
+    totals = {key: sum(getattr(e, key) for e in entries) for key in keys}
+    return [f"manifest {key}={manifest[key]} but its shards hold {total}"
+            for key, total in totals.items() if manifest[key] != total]
+
+
+def _duplicate_problems(owners: dict[str, list[str]]) -> list[str]:
+    return [f"sample_id {sample_id!r} appears {len(names)} times (in {', '.join(names)})"
+            for sample_id, names in owners.items() if len(names) > 1]
+
+
+def verify_run(run_dir: Path) -> list[str]:
+    """Every problem found in `run_dir`, each as one line naming the shard, the field and both values."""
+    run_dir = Path(run_dir)
+    try:
+        manifest = read_manifest(run_dir)
+    except ManifestError as exc:
+        return [str(exc)]
+    expect, problems = _expected(manifest)
+    if expect is None:
+        return problems
+    entries, problems = _entries(manifest, expect)
+    owners: dict[str, list[str]] = {}
+    for entry in entries:  # shard by shard, so memory stays at one shard's index tensors plus one chunk
+        problems += _file_problems(run_dir, entry)
+        files = _shard_files(run_dir, entry)
+        if isinstance(files, str):
+            problems += [files] if files else []
+            continue
+        shard_problems, ids = check_shard(*files, entry, expect)
+        problems += shard_problems
+        for sample_id in ids:
+            owners.setdefault(sample_id, []).append(entry.name)
+    return problems + _unlisted_problems(run_dir, entries) + _total_problems(manifest, entries) \
+        + _duplicate_problems(owners)

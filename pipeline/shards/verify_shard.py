@@ -1,0 +1,164 @@
+"""Content checks of one shard against its manifest entry: header, offsets, finiteness, Parquet rows.
+
+Everything is read with plain buffered reads (never the whole hidden-state tensor, never a memory map that would
+keep the touched pages resident), so verifying a run needs memory of one chunk, not of one shard.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from pipeline.shards import layout
+from pipeline.shards.stfile import TensorInfo, read_header, read_range
+from pipeline.shards.writer import ShardEntry
+
+_CHUNK_ELEMENTS = 8 << 20  # hidden-state values per finiteness chunk (32 MiB once widened to float32)
+_MAX_LISTED = 3  # per kind of row mismatch, list this many and count the rest
+
+
+@dataclass(frozen=True, kw_only=True)
+class Expected:
+    """What the manifest says every shard must look like."""
+
+    points: list[str]
+    hidden_size: int
+    dtype: str
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def _header_problems(name: str, infos: dict[str, TensorInfo], meta: dict[str, str], entry: ShardEntry,
+                     expect: Expected) -> list[str]:
+    if sorted(infos) != sorted(layout.TENSOR_NAMES):
+        return [f"{name}: tensors {sorted(infos)} != expected {sorted(layout.TENSOR_NAMES)}"]
+    hidden_dtype, hidden_code = layout.HIDDEN_DTYPES[expect.dtype]
+    num_tokens, num_samples = entry.num_tokens, entry.num_samples
+    want = {layout.HIDDEN_STATES: (hidden_code, (num_tokens, len(expect.points), expect.hidden_size), hidden_dtype),
+            layout.INPUT_IDS: ("I64", (num_tokens,), torch.int64),
+            layout.LOSS_MASK: ("U8", (num_tokens,), torch.uint8),
+            layout.SAMPLE_OFFSETS: ("I64", (num_samples + 1,), torch.int64)}
+    problems = []
+    for tensor, (code, shape, dtype) in want.items():
+        info = infos[tensor]
+        if info.dtype_code != code:
+            problems.append(f"{name}: {tensor} dtype {info.dtype_code} != expected {code}")
+        if info.shape != shape:
+            problems.append(f"{name}: {tensor} shape {list(info.shape)} != expected {list(shape)} from manifest")
+        elif info.end - info.start != math.prod(shape) * _itemsize(dtype):
+            problems.append(f"{name}: {tensor} spans {info.end - info.start} bytes, shape needs "
+                            f"{math.prod(shape) * _itemsize(dtype)}")
+    return problems + _metadata_problems(name, meta, expect)
+
+
+def _metadata_problems(name: str, meta: dict[str, str], expect: Expected) -> list[str]:
+    problems = []
+    try:
+        points = json.loads(meta.get(layout.META_POINTS, "null"))
+    except json.JSONDecodeError:
+        points = meta.get(layout.META_POINTS)
+    if points != expect.points:
+        problems.append(f"{name}: metadata points {points} != manifest points {expect.points}")
+    version = meta.get(layout.META_FORMAT_VERSION)
+    if version != layout.FORMAT_VERSION:
+        problems.append(f"{name}: metadata format_version={version!r} != {layout.FORMAT_VERSION!r}")
+    return problems
+
+
+def _offset_problems(name: str, offsets: np.ndarray, num_tokens: int) -> list[str]:
+    if offsets.size == 0 or offsets[0] != 0:
+        return [f"{name}: sample_offsets must start at 0, starts at {offsets[:1].tolist()}"]
+    steps = np.diff(offsets)
+    if (steps <= 0).any():
+        i = int(np.flatnonzero(steps <= 0)[0])
+        return [f"{name}: sample_offsets not increasing at sample {i}: {offsets[i]} -> {offsets[i + 1]}"]
+    if offsets[-1] != num_tokens:
+        return [f"{name}: sample_offsets end at {offsets[-1]}, hidden_states has {num_tokens} tokens"]
+    return []
+
+
+def _non_finite(path: Path, info: TensorInfo, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(count, first flat token row, first point index) of non-finite hidden-state values, streamed in chunks."""
+    num_tokens, num_points, hidden = info.shape
+    row_bytes = num_points * hidden * _itemsize(dtype)
+    rows_per_chunk = max(1, _CHUNK_ELEMENTS // max(1, num_points * hidden))
+    count, first_row, first_point = 0, -1, -1
+    for start in range(0, num_tokens, rows_per_chunk):
+        rows = min(rows_per_chunk, num_tokens - start)
+        chunk = read_range(path, info, dtype, row_bytes, start, rows).view(rows, num_points, hidden)
+        # fp8 has no isfinite kernel; widening per chunk keeps the cost at one chunk.
+        bad = ~torch.isfinite(chunk.float() if chunk.element_size() == 1 else chunk)
+        num_bad = int(bad.sum())
+        if num_bad and first_row < 0:
+            row, point = torch.nonzero(bad.any(dim=2))[0].tolist()
+            first_row, first_point = start + row, point
+        count += num_bad
+    return count, first_row, first_point
+
+
+def _row_mismatches(name: str, column: str, ids: list[str], got: np.ndarray, want: np.ndarray) -> list[str]:
+    bad = np.flatnonzero(got != want)
+    listed = [f"{name}: {column} of sample {ids[i]!r} (row {i}) is {got[i]}, safetensors says {want[i]}"
+              for i in bad[:_MAX_LISTED]]
+    if bad.size > _MAX_LISTED:
+        listed.append(f"{name}: {column} differs for {bad.size - _MAX_LISTED} more sample(s)")
+    return listed
+
+
+def _parquet_problems(name: str, table: dict[str, list], entry: ShardEntry, offsets: np.ndarray,
+                      input_ids: np.ndarray, loss_mask: np.ndarray) -> list[str]:
+    if sorted(table) != sorted(layout.PARQUET_COLUMNS):
+        return [f"{name}: columns {sorted(table)} != expected {sorted(layout.PARQUET_COLUMNS)}"]
+    ids = table["sample_id"]
+    if len(ids) != len(offsets) - 1:
+        return [f"{name}: {len(ids)} rows, safetensors holds {len(offsets) - 1} samples"]
+    loss_cum = np.concatenate([[0], np.cumsum(loss_mask, dtype=np.int64)])
+    want_loss = loss_cum[offsets[1:]] - loss_cum[offsets[:-1]]
+    digests = [layout.token_digest(input_ids[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
+    problems = (_row_mismatches(name, "offset", ids, np.asarray(table["offset"]), offsets[:-1])
+                + _row_mismatches(name, "num_tokens", ids, np.asarray(table["num_tokens"]), np.diff(offsets))
+                + _row_mismatches(name, "num_loss_tokens", ids, np.asarray(table["num_loss_tokens"]), want_loss)
+                + _row_mismatches(name, "token_digest", ids, np.asarray(table["token_digest"]), np.asarray(digests)))
+    if int(want_loss.sum()) != entry.num_loss_tokens:
+        problems.append(f"{name}: {int(want_loss.sum())} loss tokens, manifest entry says {entry.num_loss_tokens}")
+    return problems
+
+
+def _read_small(path: Path, info: TensorInfo, dtype: torch.dtype) -> np.ndarray:
+    num = math.prod(info.shape)
+    return read_range(path, info, dtype, _itemsize(dtype), 0, num).numpy()
+
+
+def check_shard(st_path: Path, pq_path: Path, entry: ShardEntry, expect: Expected) -> tuple[list[str], list[str]]:
+    """(problems, sample ids) of one shard; sample ids come from its Parquet file (empty if unreadable)."""
+    name = entry.name
+    try:
+        infos, meta = read_header(st_path)
+        problems = _header_problems(name, infos, meta, entry, expect)
+        if problems:
+            return problems, []
+        offsets = _read_small(st_path, infos[layout.SAMPLE_OFFSETS], torch.int64)
+        problems = _offset_problems(name, offsets, entry.num_tokens)
+        hidden_dtype = layout.HIDDEN_DTYPES[expect.dtype][0]
+        count, row, point = _non_finite(st_path, infos[layout.HIDDEN_STATES], hidden_dtype)
+        table = pq.read_table(pq_path).to_pydict()
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        return [f"{name}: unreadable ({type(exc).__name__}: {exc})"], []
+    ids = table.get("sample_id", [])
+    if count:
+        owner = int(np.searchsorted(offsets, row, side="right")) - 1
+        who = repr(ids[owner]) if 0 <= owner < len(ids) else f"#{owner}"
+        problems.append(f"{name}: {count} non-finite hidden state value(s), first at token {row} "
+                        f"(sample {who}, point {expect.points[point]!r})")
+    if not problems:
+        input_ids = _read_small(st_path, infos[layout.INPUT_IDS], torch.int64)
+        loss_mask = _read_small(st_path, infos[layout.LOSS_MASK], torch.uint8)
+        problems += _parquet_problems(name, table, entry, offsets, input_ids, loss_mask)
+    return problems, list(ids)

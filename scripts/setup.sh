@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Idempotent setup: the main environment at .venv/ and the tiny local models (cached under .cache/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3.11}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+stamp=.venv/.installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+    # torch first and pinned: the CPU build on this machine's disk; an unpinned torch would pull a CUDA build.
+    .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+    .venv/bin/pip install -q --disable-pip-version-check -e ".[dev]"
+    if .venv/bin/pip show -q torchvision 2>/dev/null; then
+        .venv/bin/pip uninstall -y -q torchvision
+    fi
+    rm -f .venv/.installed-*
+    touch "$stamp"
+fi
+.venv/bin/python -m pipeline.models.tiny

@@ -1,0 +1,126 @@
+"""`python -m pipeline.extract` and `python -m pipeline.verify` as a user runs them, on the tiny INT4 target."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from pipeline.shards.reader import RunReader
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["data.limit=24", "runner.max_tokens_per_shard=1500", "runner.max_samples_per_shard=8"]
+
+
+def cli(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, models_root):
+    out = tmp_path_factory.mktemp("e2e") / "run"
+    proc = cli("pipeline.extract", f"out_dir={out}", *SMALL, f"hydra.run.dir={out.parent / 'logs'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_extract_prints_where_what_and_which_points(finished_run):
+    out, proc = finished_run
+    assert f"run directory: {out.resolve()}" in proc.stdout
+    assert "wrote 24 samples" in proc.stdout
+    assert "capture points: b0, b1, b4, b7, final_norm" in proc.stdout
+
+
+def test_verify_accepts_the_run(finished_run):
+    out, _ = finished_run
+    proc = cli("pipeline.verify", str(out))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_manifest_and_shards_carry_provenance(finished_run):
+    out, _ = finished_run
+    manifest = json.loads((out / "manifest.json").read_text())
+    prov = manifest["provenance"]
+    assert len(manifest["shards"]) >= 3 and manifest["num_samples"] == 24
+    assert prov["engine"]["framework"] == "transformers"
+    assert prov["engine"]["quantization"]["method"] == "compressed-tensors"
+    assert prov["model"]["quantization_config"]["format"] == "pack-quantized"
+    assert [s["point"] for s in prov["capture"]["sources"]] == manifest["points"]
+    assert prov["model"]["weights"]["mode"] == "full" and prov["model"]["chat_template_sha256"]
+    assert "git_commit" in prov["code"] and prov["config"]["engine"]["name"] == "hf"
+    shard = out / manifest["shards"][0]["name"]
+    with safe_open(str(out / "shards" / (manifest["shards"][0]["name"] + ".safetensors")), "pt") as f:
+        meta = f.metadata()
+    assert meta["provenance_digest"] == manifest["provenance_digest"]
+    assert json.loads(meta["engine"])["framework"] == "transformers"
+
+
+def test_embedding_point_is_the_checkpoint_table_row(finished_run, tiny_model):
+    out, _ = finished_run
+    from safetensors.torch import load_file
+
+    weights = {}
+    for f in tiny_model("tiny-kimi-int4").glob("*.safetensors"):
+        weights.update(load_file(f))
+    table = weights["model.embed_tokens.weight"]
+    reader = RunReader(out)
+    sample = reader[reader.sample_ids[5]]
+    assert torch.equal(sample["hidden_states"][:, 0], table[sample["input_ids"]])
+
+
+def test_a_finished_run_is_never_overwritten_silently(finished_run):
+    out, _ = finished_run
+    before = (out / "manifest.json").read_bytes()
+    proc = cli("pipeline.extract", f"out_dir={out}", *SMALL, f"hydra.run.dir={out.parent / 'logs'}")
+    assert proc.returncode != 0 and "holds a finished run" in proc.stderr + proc.stdout
+    assert (out / "manifest.json").read_bytes() == before
+
+
+def test_resume_redoes_only_unfinished_shards(tmp_path, finished_run):
+    out, _ = finished_run
+    run = tmp_path / "run"
+    subprocess.run(["cp", "-a", str(out), str(run)], check=True)
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").unlink()
+    (run / "shards" / "shard-00001.done.json").unlink()  # as if killed while writing shard 1
+    (run / "shards" / "shard-00001.safetensors").write_bytes(b"torn")
+    kept = run / "shards" / "shard-00000.safetensors"
+    mtime = kept.stat().st_mtime_ns
+    proc = cli("pipeline.extract", f"out_dir={run}", *SMALL, f"hydra.run.dir={tmp_path / 'logs'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"({len(manifest['shards']) - 1} finished earlier)" in proc.stdout
+    assert kept.stat().st_mtime_ns == mtime
+    resumed = json.loads((run / "manifest.json").read_text())
+    assert [s["files"] for s in resumed["shards"]] == [s["files"] for s in manifest["shards"]]  # same bytes
+    assert cli("pipeline.verify", str(run)).returncode == 0
+
+
+def test_resume_refuses_different_settings(tmp_path, finished_run):
+    out, _ = finished_run
+    run = tmp_path / "run"
+    subprocess.run(["cp", "-a", str(out), str(run)], check=True)
+    (run / "manifest.json").unlink()
+    proc = cli("pipeline.extract", f"out_dir={run}", *SMALL, "engine.batch_size=3",
+               f"hydra.run.dir={tmp_path / 'logs'}")
+    assert proc.returncode != 0 and "unfinished run with a different config" in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("override, message", [
+    ("engine=nosuch", "engine"),
+    ("engine.name=tensorrt", "engine='tensorrt' is unknown"),
+    ("capture.points=[0,9]", "out of range: this model has 8 decoder layers"),
+    ("data.path=/no/such.jsonl", "data.path='/no/such.jsonl'"),
+    ("model=kimi_k25", "model.path"),
+])
+def test_bad_input_fails_before_anything_is_written(tmp_path, override, message):
+    out = tmp_path / "run"
+    proc = cli("pipeline.extract", f"out_dir={out}", override, f"hydra.run.dir={tmp_path / 'logs'}")
+    assert proc.returncode != 0
+    assert message in proc.stderr + proc.stdout
+    assert not out.exists()

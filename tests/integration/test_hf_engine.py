@@ -1,0 +1,99 @@
+"""The HF reference engine on the tiny models: every canonical point equals an independent layer-by-layer computation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.data.sample import PreparedSample
+from pipeline.engines.base import engine_class
+from pipeline.models.info import read_model_info
+from pipeline.points import parse_points
+
+pytestmark = pytest.mark.integration
+REFERENCE_OF = {"tiny-kimi-int4": "tiny-kimi-bf16"}
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def samples_of(lengths, vocab=4000, seed=0):
+    rng = np.random.default_rng(seed)
+    return [PreparedSample(sample_id=f"s{i}", source="synthetic", row=i,
+                           input_ids_T=rng.integers(10, vocab, size=n).astype(np.int64),
+                           loss_mask_T=np.ones(n, dtype=np.uint8)) for i, n in enumerate(lengths)]
+
+
+def reference_states(model, ids: np.ndarray) -> dict[str, torch.Tensor]:
+    """Run the decoder layers one by one; the residual stream after each layer is the canonical boundary."""
+    inner = model.get_decoder()
+    x = torch.from_numpy(ids)[None]
+    pos = torch.arange(x.shape[1])[None]
+    with torch.inference_mode():
+        h = inner.embed_tokens(x)
+        states = {"b0": h[0]}
+        rope = inner.rotary_emb(h, pos)
+        for k, layer in enumerate(inner.layers, start=1):
+            h = layer(h, position_embeddings=rope, attention_mask=None, position_ids=pos)  # sdpa: causal when None
+            h = h[0] if isinstance(h, tuple) else h
+            states[f"b{k}"] = h[0]
+        states["final_norm"] = inner.norm(h)[0]
+    return states
+
+
+@pytest.fixture(scope="module", params=["tiny-kimi-int4", "tiny-llama"])
+def setup(request, tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model(request.param)
+    info = read_model_info(path)
+    points = parse_points(list(range(info.num_layers + 1)) + ["final_norm"], num_layers=info.num_layers)
+    engine = engine_class("hf")(model_path=str(path), dtype="float32", points=points, num_layers=info.num_layers,
+                                options={"attn_implementation": "sdpa"})
+    # The reference for the INT4 checkpoint is its dense bf16 twin (the same dequantized weights), run layer by layer:
+    # this checks both the capture points and the INT4 load path.
+    ref_path = tiny_model(REFERENCE_OF.get(request.param, request.param))
+    ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=torch.float32, attn_implementation="sdpa").eval()
+    with engine:
+        yield engine, ref, points
+
+
+def test_every_point_equals_layer_by_layer_reference(setup):
+    engine, ref, points = setup
+    (sample,) = samples_of([37])
+    (cap,) = engine.capture([sample])
+    expected = reference_states(ref, sample.input_ids_T)
+    assert cap.hidden_states_TPH.shape == (37, len(points), ref.config.hidden_size)
+    assert cap.hidden_states_TPH.dtype == torch.float32
+    errors = {p.label: rel_l2(cap.hidden_states_TPH[:, i], expected[p.label]) for i, p in enumerate(points)}
+    print("relative L2 vs layer-by-layer:", {k: f"{v:.1e}" for k, v in errors.items()})
+    assert max(errors.values()) <= 1e-5, errors
+    # neighbours differ by far more than the tolerance, so a shifted point could not pass
+    assert rel_l2(expected["b2"], expected["b1"]) > 1e-2
+
+
+def test_batch_with_padding_equals_single_runs(setup):
+    engine, _, _ = setup
+    batch = samples_of([5, 41, 17, 1, 29], seed=1)
+    together = engine.capture(batch)
+    for sample, cap in zip(batch, together):
+        (alone,) = engine.capture([sample])
+        assert cap.sample_id == sample.sample_id
+        assert np.array_equal(cap.input_ids_T, sample.input_ids_T)
+        assert cap.hidden_states_TPH.shape[0] == sample.num_tokens  # padding stripped
+        assert rel_l2(cap.hidden_states_TPH, alone.hidden_states_TPH) <= 1e-5
+
+
+def test_provenance_read_from_the_loaded_model(setup):
+    engine, ref, points = setup
+    info = engine.info()
+    assert info.framework == "transformers" and info.dtype == "float32"
+    assert info.attention_backend == "sdpa"
+    assert [s.point for s in info.points] == [p.label for p in points]
+    if engine.model.config.model_type == "deepseek_v3":
+        assert info.quantization["method"] == "compressed-tensors"
+        assert info.quantization["dequantized_at_load"] is True
+    else:
+        assert info.quantization["method"] is None

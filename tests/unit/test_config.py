@@ -1,0 +1,89 @@
+"""The real conf/ tree composes, validates, and rejects bad values naming the field and the value."""
+import json
+
+import pytest
+
+from pipeline.config import to_config
+from pipeline.run.resolve import ConfigError, resolve_run
+
+KIMI_K25_CONFIG = {  # the shape of Kimi-K2.5's config.json: a multimodal wrapper around a DeepSeek-V3 text model
+    "architectures": ["KimiK25ForConditionalGeneration"],
+    "model_type": "kimi_k25",
+    "text_config": {
+        "model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 61,
+        "hidden_size": 7168, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "n_routed_experts": 384,
+        "first_k_dense_replace": 1, "moe_layer_freq": 1, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+    },
+    "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized"},
+}
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    path = tmp_path / "conv.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                             {"role": "assistant", "content": "hello"}]}) + "\n")
+    return path
+
+
+@pytest.fixture
+def kimi_dir(tmp_path):
+    d = tmp_path / "Kimi-K2.5"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(KIMI_K25_CONFIG))
+    return d
+
+
+def test_default_composes_to_the_embedded_tiny_run(compose_cfg):
+    cfg = to_config(compose_cfg())
+    assert (cfg.model.build, cfg.engine.name, cfg.runner.name) == ("tiny-kimi-int4", "hf", "local")
+    assert cfg.data.path.endswith("pipeline/data/bundled/conversations.jsonl")
+    assert cfg.capture.points == ["embed", 1, 4, 7, "final_norm"]
+
+
+def test_kimi_recipe_requires_the_checkpoint_path(compose_cfg):
+    with pytest.raises(ValueError, match=r"model\.path=None: a model checkpoint directory is required"):
+        to_config(compose_cfg("+exp=kimi", "data.path=/data/x.jsonl"))
+
+
+def test_kimi_recipe_composes_and_validates(compose_cfg, kimi_dir, data_file, tmp_path):
+    cfg = to_config(compose_cfg("+exp=kimi", f"model.path={kimi_dir}", f"data.path={data_file}",
+                                f"out_dir={tmp_path / 'run'}"))
+    assert (cfg.engine.name, cfg.engine.tp_size, cfg.engine.dtype) == ("sglang", 8, "bfloat16")
+    run = resolve_run(cfg)
+    assert [p.label for p in run.points] == ["b0", "b3", "b31", "b59", "final_norm"]
+    assert (run.model.num_layers, run.model.hidden_size, run.model.family) == (61, 7168, "deepseek")
+
+
+def test_every_experiment_composes(compose_cfg, kimi_dir):
+    for exp in ("tiny", "kimi"):
+        to_config(compose_cfg(f"+exp={exp}", f"model.path={kimi_dir}", "data.path=x.jsonl"))
+
+
+@pytest.mark.parametrize("override, match", [
+    ("engine.dtype=fp64", r"engine\.dtype='fp64'"),
+    ("engine.batch_size=0", r"engine\.batch_size=0"),
+    ("data.length_policy=drop", r"data\.length_policy='drop'"),
+    ("capture.convention=tensorrt", r"capture\.convention='tensorrt'"),
+    ("runner.storage_dtype=int8", r"runner\.storage_dtype='int8'"),
+])
+def test_field_checks_name_field_and_value(compose_cfg, override, match):
+    with pytest.raises(ValueError, match=match):
+        to_config(compose_cfg(override))
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["engine.name=tensorrt"], r"engine='tensorrt' is unknown; known engines: hf, sglang, vllm"),
+    (["capture.points=[0,3,62]"], r"capture\.points=.*62.*out of range: this model has 61 decoder layers"),
+    (["capture.points=[3,61]", "capture.convention=sglang"], r"sglang id 61 is out of range.*valid ids 0\.\.60"),
+    (["model.path=/nonexistent/model"], r"model\.path='/nonexistent/model': no such directory"),
+    (["data.path=/nonexistent/data.jsonl"], r"data\.path='/nonexistent/data\.jsonl'"),
+    (["out_dir=/proc/1/run"], r"out_dir='/proc/1/run' is not writable"),
+    (["out_dir={data_file}/run"], r"out_dir=.*cannot be created: .*conv\.jsonl is a file"),
+])
+def test_world_checks_fail_before_any_model_loads(compose_cfg, kimi_dir, data_file, tmp_path, overrides, match):
+    base = [f"model.path={kimi_dir}", f"data.path={data_file}", f"out_dir={tmp_path / 'run'}"]
+    overrides = [o.format(data_file=data_file) for o in overrides]
+    cfg = to_config(compose_cfg("+exp=kimi", *base, *overrides))
+    with pytest.raises(ConfigError, match=match):
+        resolve_run(cfg)  # the Kimi "checkpoint" has no weights: any attempt to load a model would fail differently

@@ -1,0 +1,169 @@
+"""verify_run and `python -m pipeline.verify` on real run directories, each broken in one specific way."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from pipeline.shards import layout
+from pipeline.shards.stfile import read_header
+from pipeline.shards.verify import verify_run
+from pipeline.shards.writer import write_shard
+from test_shards import POINTS, H, make_items, make_run
+
+REPO = Path(__file__).resolve().parents[2]
+ST0 = "shards/shard-00000.safetensors"
+PQ0 = "shards/shard-00000.parquet"
+
+
+def _edit_manifest(run_dir, edit):
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    edit(manifest)
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _refresh_file_record(run_dir, rel):
+    """After tampering with a file, make the manifest agree with it, so only deeper checks can catch the change."""
+    def edit(manifest):
+        for shard in manifest["shards"]:
+            if rel in shard["files"]:
+                shard["files"][rel] = {"sha256": layout.file_sha256(run_dir / rel), "bytes": (run_dir / rel).stat().st_size}
+    _edit_manifest(run_dir, edit)
+
+
+def test_a_sound_run_has_no_problems(tmp_path):
+    make_run(tmp_path, [[3, 5], [2], [7, 1, 1]], dtype=torch.bfloat16)
+    assert verify_run(tmp_path) == []
+
+
+def test_fp8_run_is_sound(tmp_path):
+    make_run(tmp_path, [[3, 5], [2]], dtype=torch.bfloat16, storage_dtype="float8_e4m3fn")
+    assert verify_run(tmp_path) == []
+
+
+def test_flipped_byte_is_caught_by_sha(tmp_path):
+    make_run(tmp_path, [[3, 5]])
+    path = tmp_path / ST0
+    data = bytearray(path.read_bytes())
+    data[-20] ^= 0x01
+    path.write_bytes(bytes(data))
+    problems = verify_run(tmp_path)
+    assert len(problems) == 1 and problems[0].startswith(f"shard-00000: {ST0} sha256 ")
+
+
+def test_missing_shard(tmp_path):
+    make_run(tmp_path, [[3], [4]])
+    (tmp_path / "shards/shard-00001.safetensors").unlink()
+    assert verify_run(tmp_path) == ["shard-00001: listed file shards/shard-00001.safetensors is missing"]
+
+
+def test_nan_is_caught_by_the_finiteness_scan_alone(tmp_path):
+    items = make_run(tmp_path, [[3, 5]], dtype=torch.bfloat16)
+    infos, _ = read_header(tmp_path / ST0)
+    hidden = infos[layout.HIDDEN_STATES]
+    token, point, channel = 4, 2, 5  # token 4 is the second sample's token 1
+    pos = hidden.start + ((token * len(POINTS) + point) * H + channel) * 2
+    with open(tmp_path / ST0, "r+b") as f:
+        f.seek(pos)
+        f.write(torch.tensor([float("nan")], dtype=torch.bfloat16).view(torch.uint8).numpy().tobytes())
+    _refresh_file_record(tmp_path, ST0)
+    second = items[0][1][0].sample_id
+    assert verify_run(tmp_path) == [
+        f"shard-00000: 1 non-finite hidden state value(s), first at token 4 (sample {second!r}, point 'final_norm')"]
+
+
+def test_nan_written_by_bypassing_validation(tmp_path):
+    items = make_items([2, 3])
+    items[1][1].hidden_states_TPH[0, 0, 0] = float("inf")
+    entry = write_shard(tmp_path, 0, items, points=POINTS)  # the writer trusts validate.py; here nothing ran it
+    from pipeline.shards.manifest import write_manifest
+    write_manifest(tmp_path, {"format_version": "1", "points": POINTS, "hidden_size": H, "dtype": "float32",
+                              "shards": [entry.to_dict()], "num_samples": 2, "num_tokens": 5})
+    assert verify_run(tmp_path) == [f"shard-00000: 1 non-finite hidden state value(s), first at token 2 "
+                                    f"(sample {items[1][0].sample_id!r}, point 'b0')"]
+
+
+def test_count_mismatch(tmp_path):
+    make_run(tmp_path, [[3, 5], [2]])
+    _edit_manifest(tmp_path, lambda m: m.update(num_samples=4))
+    assert verify_run(tmp_path) == ["manifest num_samples=4 but its shards hold 3"]
+    _edit_manifest(tmp_path, lambda m: (m.update(num_samples=3), m["shards"][1].update(num_tokens=3)))
+    problems = verify_run(tmp_path)
+    assert "shard-00001: hidden_states shape [2, 3, 16] != expected [3, 3, 16] from manifest" in problems
+    assert "manifest num_tokens=10 but its shards hold 11" in problems
+
+
+def test_extra_file(tmp_path):
+    make_run(tmp_path, [[3]])
+    (tmp_path / "shards/shard-00009.safetensors").write_bytes(b"stray")
+    assert verify_run(tmp_path) == ["unlisted file shards/shard-00009.safetensors in shards/"]
+
+
+def test_duplicate_sample_ids_across_shards(tmp_path):
+    make_run(tmp_path, [[3, 5]])
+    entry2 = write_shard(tmp_path, 1, make_items([3]), points=POINTS)  # seed 0 again: same ids as shard 0
+    _edit_manifest(tmp_path, lambda m: (m["shards"].append(entry2.to_dict()), m.update(num_samples=3, num_tokens=11)))
+    assert verify_run(tmp_path) == ["sample_id 'id-0-0' appears 2 times (in shard-00000, shard-00001)"]
+
+
+def test_parquet_rows_must_agree_with_the_tensors(tmp_path):
+    make_run(tmp_path, [[3, 5]])
+    table = pq.read_table(tmp_path / PQ0)
+    digests = table["token_digest"].to_pylist()
+    table = table.set_column(table.schema.get_field_index("token_digest"), "token_digest",
+                             pa.array([digests[0], "0" * 64]))
+    pq.write_table(table, tmp_path / PQ0)
+    _refresh_file_record(tmp_path, PQ0)
+    problems = verify_run(tmp_path)
+    assert len(problems) == 1 and problems[0].startswith("shard-00000: token_digest of sample 'id-0-1' (row 1) is 000")
+
+
+def test_manifest_points_must_match_the_shards(tmp_path):
+    make_run(tmp_path, [[3]])
+    _edit_manifest(tmp_path, lambda m: (m.update(points=["b0", "b1", "final_norm"]),
+                                        m["shards"][0].update(points=["b0", "b1", "final_norm"])))
+    assert verify_run(tmp_path) == [
+        "shard-00000: metadata points ['b0', 'b2', 'final_norm'] != manifest points ['b0', 'b1', 'final_norm']"]
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "pipeline.verify", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_exit_codes(tmp_path):
+    run = tmp_path / "run"
+    make_run(run, [[3, 5], [2]])
+    ok = _cli(run)
+    assert ok.returncode == 0 and ok.stdout.startswith("sound: ") and "3 samples, 10 tokens" in ok.stdout
+    (run / "shards/extra.bin").write_bytes(b"x")
+    bad = _cli(run)
+    assert bad.returncode == 1 and "unlisted file shards/extra.bin in shards/" in bad.stderr
+    missing = _cli(tmp_path / "nowhere")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    (tmp_path / "half").mkdir()
+    unfinished = _cli(tmp_path / "half")
+    assert unfinished.returncode == 2 and "unfinished run" in unfinished.stderr
+
+
+def test_fp8_nan_and_a_torn_header_are_reported(tmp_path):
+    make_run(tmp_path, [[3, 5]], dtype=torch.bfloat16, storage_dtype="float8_e4m3fn")
+    hidden = read_header(tmp_path / ST0)[0][layout.HIDDEN_STATES]
+    with open(tmp_path / ST0, "r+b") as f:
+        f.seek(hidden.start + 7)  # token 0, point 0, channel 7
+        f.write(b"\x7f")  # e4m3fn's NaN
+    _refresh_file_record(tmp_path, ST0)
+    assert verify_run(tmp_path) == [
+        "shard-00000: 1 non-finite hidden state value(s), first at token 0 (sample 'id-0-0', point 'b0')"]
+    with open(tmp_path / ST0, "r+b") as f:
+        f.seek(9)
+        f.write(b"\x00")  # inside the JSON header
+    _refresh_file_record(tmp_path, ST0)
+    problems = verify_run(tmp_path)
+    assert len(problems) == 1 and "shard-00000: unreadable (ValueError: shard-00000.safetensors: header is not" \
+        in problems[0]
