@@ -111,10 +111,18 @@ def _package_data(relative: str) -> str:
     return str(Path(__file__).resolve().parent / "data" / relative)
 
 
+def _tiny_model_dir(name: str) -> str:
+    from pipeline.models.tiny import default_root
+
+    return str(default_root() / name)
+
+
 def register_configs() -> None:
-    """Schema + the `${pipeline_data:...}` resolver (files shipped inside the package, e.g. the bundled data)."""
+    """Schema + resolvers: `${pipeline_data:...}` (files shipped in the package, e.g. the bundled data) and
+    `${tiny_model:NAME}` (where the tiny local models are built: $PIPELINE_MODELS_DIR or <repo>/.cache/models)."""
     ConfigStore.instance().store(name="extract_schema", node=ExtractConfig)
     OmegaConf.register_new_resolver("pipeline_data", _package_data, replace=True)
+    OmegaConf.register_new_resolver("tiny_model", _tiny_model_dir, replace=True)
 
 
 def to_config(cfg: DictConfig) -> ExtractConfig:

@@ -18,4 +18,10 @@ if [ ! -f "$stamp" ]; then
     rm -f .venv/.installed-*
     touch "$stamp"
 fi
+# Engines that pin their own torch (vLLM, SGLang) get their own environments beside .venv (.venv-<engine>/);
+# each script is idempotent and the pipeline runs those engines in a worker process there.
+for engine_setup in scripts/engines/*.sh; do
+    [ -e "$engine_setup" ] || continue
+    bash "$engine_setup"
+done
 .venv/bin/python -m pipeline.models.tiny

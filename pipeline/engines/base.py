@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import abc
 import importlib
+import sys
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
@@ -58,6 +60,9 @@ class Engine(abc.ABC):
     """One loaded model in one framework. Use as a context manager: `with engine: engine.capture(...)`."""
 
     name: ClassVar[str]
+    # The virtualenv (relative to the repository root) this adapter must run in, or None for the pipeline's own.
+    # vLLM and SGLang pin their own torch builds; `make_engine` runs such adapters in a worker process there.
+    environment: ClassVar[str | None] = None
 
     def __init__(self, *, model_path: str, dtype: str, points: Sequence[Point], num_layers: int,
                  options: dict[str, Any]) -> None:
@@ -119,3 +124,30 @@ def engine_class(name: str) -> type[Engine]:
                                   f"engines that run now: {', '.join(n for n in engine_names() if _REGISTRY[n])}")
     module_name, cls_name = target.split(":")
     return getattr(importlib.import_module(module_name), cls_name)
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def engine_python(cls: type[Engine], options: dict[str, Any]) -> str | None:
+    """The interpreter an engine must run in (`options.python` overrides), or None for this very process."""
+    if cls.environment is None and "python" not in options:
+        return None
+    exe = Path(options.get("python") or REPO_ROOT / str(cls.environment) / "bin" / "python")
+    if Path(sys.prefix).resolve() == exe.parent.parent.resolve():
+        return None
+    return str(exe)
+
+
+def make_engine(name: str, **kwargs: Any) -> Engine:
+    """An engine ready to start: in this process, or in a worker running in the engine's own environment."""
+    cls = engine_class(name)
+    exe = engine_python(cls, kwargs.get("options", {}))
+    if exe is None:
+        return cls(**kwargs)
+    if not Path(exe).exists():
+        raise FileNotFoundError(f"engine={name!r} runs in its own environment, but {exe} does not exist; "
+                                f"run scripts/setup.sh (or set engine.options.python)")
+    from pipeline.engines.remote import RemoteEngine
+
+    return RemoteEngine(target=_REGISTRY[name], python=exe, **kwargs)

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from pipeline import provenance
 from pipeline.config import ConfigError, resolved_dict, to_config
 from pipeline.data.prepare import PreparedData, prepare, write_rejects
-from pipeline.engines.base import engine_class
+from pipeline.engines.base import make_engine
 from pipeline.run.capture import CaptureStage, UnitResult
 from pipeline.run.local import LocalExecutor
 from pipeline.run.resolve import ResolvedRun, prepare_out_dir, resolve_run
@@ -60,9 +60,8 @@ def _run_record(run: ResolvedRun, config: dict[str, Any], prepared: PreparedData
 
 def _make_engine(run: ResolvedRun):
     cfg = run.cfg.engine
-    cls = engine_class(cfg.name)
-    return cls(model_path=str(run.model.path), dtype=cfg.dtype, points=run.points, num_layers=run.model.num_layers,
-               options={**cfg.options, "tp_size": cfg.tp_size})
+    return make_engine(cfg.name, model_path=str(run.model.path), dtype=cfg.dtype, points=run.points,
+                       num_layers=run.model.num_layers, options={**cfg.options, "tp_size": cfg.tp_size})
 
 
 def _manifest(run: ResolvedRun, prov: dict[str, Any], results: list[UnitResult],
@@ -91,7 +90,7 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
     run = resolve_run(cfg)  # every config error surfaces here, before any model loads
     try:
         engine = _make_engine(run)  # constructing loads nothing; an engine whose adapter is absent fails here
-    except NotImplementedError as e:
+    except (NotImplementedError, FileNotFoundError) as e:
         raise ConfigError(str(e)) from e
     config = resolved_dict(dcfg)
     prepared, chat_template = _prepare(run)

@@ -1,0 +1,96 @@
+"""Run an engine adapter in another Python (its own virtualenv) behind the same `Engine` interface.
+
+The pipeline's environment never imports vllm or sglang: `RemoteEngine` starts `pipeline.engines.worker` with the
+engine environment's interpreter and forwards start / capture / info / close over two pipes (see `wire`).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from pipeline.data.sample import PreparedSample
+from pipeline.engines import wire
+from pipeline.engines.base import Capture, Engine, EngineInfo, PointSource
+
+
+class EngineWorkerError(RuntimeError):
+    """The engine raised inside its worker; the message carries the worker's traceback."""
+
+
+class RemoteEngine(Engine):
+    name = "remote"
+
+    def __init__(self, *, target: str, python: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.target, self.python = target, python
+        self._proc: subprocess.Popen | None = None
+
+    def _spawn(self) -> None:
+        to_worker_r, to_worker_w = os.pipe()
+        from_worker_r, from_worker_w = os.pipe()
+        self._proc = subprocess.Popen(
+            [self.python, "-m", "pipeline.engines.worker", self.target, str(to_worker_r), str(from_worker_w)],
+            pass_fds=(to_worker_r, from_worker_w), stdin=subprocess.DEVNULL)
+        os.close(to_worker_r)
+        os.close(from_worker_w)
+        self._tx = os.fdopen(to_worker_w, "wb")
+        self._rx = os.fdopen(from_worker_r, "rb")
+
+    def _call(self, header: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None):
+        try:
+            wire.send(self._tx, header, tensors)
+            reply, out = wire.recv(self._rx)
+        except (wire.WorkerGone, BrokenPipeError) as e:
+            code = self._proc.wait(timeout=30) if self._proc else None
+            raise EngineWorkerError(f"{self.target} worker ({self.python}) exited with code {code} during "
+                                    f"{header['op']!r}; its log is above on stderr") from e
+        if not reply.get("ok"):
+            raise EngineWorkerError(f"{self.target} failed during {header['op']!r}: {reply['error']}\n"
+                                    f"--- worker traceback ---\n{reply['traceback']}")
+        return reply, out
+
+    def start(self) -> None:
+        self._spawn()
+        init = {"model_path": self.model_path, "dtype": self.dtype, "points": [p.label for p in self.points],
+                "num_layers": self.num_layers, "options": self.options}
+        self._call({"op": "init", "init": init})
+        self._call({"op": "start"})
+
+    def capture(self, samples: Sequence[PreparedSample]) -> list[Capture]:
+        meta = [{"sample_id": s.sample_id, "source": s.source, "row": s.row, "truncated": s.truncated}
+                for s in samples]
+        tensors = {}
+        for i, s in enumerate(samples):
+            tensors[f"ids/{i}"] = torch.from_numpy(np.ascontiguousarray(s.input_ids_T, dtype=np.int64))
+            tensors[f"mask/{i}"] = torch.from_numpy(np.ascontiguousarray(s.loss_mask_T, dtype=np.uint8))
+        reply, out = self._call({"op": "capture", "samples": meta}, tensors)
+        return [Capture(sample_id=sid, input_ids_T=out[f"ids/{i}"].numpy(), hidden_states_TPH=out[f"hs/{i}"])
+                for i, sid in enumerate(reply["sample_ids"])]
+
+    def call(self, method: str, *args: Any) -> Any:
+        """An engine-specific extra, run in the worker (JSON-able arguments and result)."""
+        return self._call({"op": "call", "method": method, "args": list(args)})[0]["result"]
+
+    def info(self) -> EngineInfo:
+        raw = self._call({"op": "info"})[0]["info"]
+        raw["points"] = [PointSource(**p) for p in raw["points"]]
+        return EngineInfo(**raw)
+
+    def close(self) -> None:
+        if self._proc is None:
+            return
+        try:
+            if self._proc.poll() is None:
+                self._call({"op": "close"})
+            self._proc.wait(timeout=60)
+        except (EngineWorkerError, subprocess.TimeoutExpired):
+            self._proc.kill()
+            self._proc.wait()
+        finally:
+            for f in (self._tx, self._rx):
+                f.close()
+            self._proc = None

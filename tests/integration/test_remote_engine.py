@@ -1,0 +1,69 @@
+"""An engine in a worker process (how vLLM and SGLang run in their own virtualenvs), exercised with the HF engine."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.data.sample import PreparedSample
+from pipeline.engines.base import engine_class, make_engine
+from pipeline.engines.remote import EngineWorkerError, RemoteEngine
+from pipeline.points import parse_points
+
+pytestmark = pytest.mark.integration
+HF = "pipeline.engines.hf:HFEngine"
+
+
+def samples(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    return [PreparedSample(sample_id=f"s{i}", source="synthetic", row=i,
+                           input_ids_T=rng.integers(10, 3000, size=n).astype(np.int64),
+                           loss_mask_T=np.ones(n, dtype=np.uint8)) for i, n in enumerate(lengths)]
+
+
+def kwargs(path, **options):
+    points = parse_points(["embed", 4, "last", "final_norm"], num_layers=8)
+    return dict(model_path=str(path), dtype="float32", points=points, num_layers=8, options=options)
+
+
+def test_remote_equals_in_process_bit_for_bit(tiny_model):
+    path = tiny_model("tiny-kimi-int4")
+    batch = samples([9, 30, 2])
+    with engine_class("hf")(**kwargs(path)) as local:
+        expected, local_info = local.capture(batch), local.info()
+    with RemoteEngine(target=HF, python=sys.executable, **kwargs(path)) as remote:
+        got, remote_info = remote.capture(batch), remote.info()
+    assert [c.sample_id for c in got] == [s.sample_id for s in batch]
+    for e, g in zip(expected, got):
+        assert g.hidden_states_TPH.dtype == torch.float32
+        assert torch.equal(e.hidden_states_TPH, g.hidden_states_TPH)
+        assert np.array_equal(e.input_ids_T, g.input_ids_T)
+    assert remote_info == local_info
+
+
+def test_make_engine_uses_a_worker_when_another_python_is_named(tiny_model):
+    path = tiny_model("tiny-kimi-int4")
+    other = f"{sys.base_prefix}/bin/python3"  # exists, but is not this virtualenv
+    engine = make_engine("hf", **kwargs(path, python=other))
+    assert isinstance(engine, RemoteEngine) and engine.python == other
+    assert not isinstance(make_engine("hf", **kwargs(path)), RemoteEngine)
+    assert not isinstance(make_engine("hf", **kwargs(path, python=sys.executable)), RemoteEngine)
+    with pytest.raises(FileNotFoundError, match="/opt/nowhere/bin/python does not exist; run scripts/setup.sh"):
+        make_engine("hf", **kwargs(path, python="/opt/nowhere/bin/python"))
+
+
+def test_an_error_in_the_worker_is_raised_with_its_traceback(tmp_path):
+    engine = RemoteEngine(target=HF, python=sys.executable, **kwargs(tmp_path / "no-model"))
+    with pytest.raises(EngineWorkerError, match="failed during 'start'.*no-model") as err:
+        engine.start()
+    assert "worker traceback" in str(err.value)
+    engine.close()
+
+
+def test_a_dead_worker_is_reported_not_hung(tiny_model):
+    with RemoteEngine(target=HF, python=sys.executable, **kwargs(tiny_model("tiny-kimi-int4"))) as engine:
+        engine._proc.kill()
+        with pytest.raises(EngineWorkerError, match="exited with code -9 during 'capture'"):
+            engine.capture(samples([5]))
