@@ -12,7 +12,7 @@ from pipeline.data.prepare import read_rejects, write_rejects
 from pipeline.data.sample import PreparedSample, Reject
 from pipeline.engines.base import Engine
 from pipeline.points import Point
-from pipeline.shards.layout import shard_name
+from pipeline.shards.layout import file_sha256, shard_name
 from pipeline.shards.validate import capture_reject
 from pipeline.shards.writer import ShardEntry, completed_shard, write_shard
 
@@ -37,25 +37,38 @@ def _rejects_path(run_dir: Path, index: int) -> Path:
     return run_dir / CAPTURE_REJECTS_DIR / f"{shard_name(index)}.parquet"
 
 
-@dataclass(kw_only=True)
-class CaptureStage:
-    engine: Engine
+@dataclass(frozen=True, kw_only=True)
+class StageSettings:
+    """Everything a capture stage needs besides its engine (small and picklable: it travels to Ray actors)."""
+
     points: list[Point]
     hidden_size: int
     batch_size: int
     storage_dtype: str | None
-    metadata: Mapping[str, str]
+    metadata: Mapping[str, str]  # the compact provenance stored in every shard
 
-    def done(self, run_dir: Path, index: int) -> UnitResult | None:
-        entry = completed_shard(run_dir, index)
-        if entry is None:
-            return None
-        return UnitResult(index=index, entry=entry, rejects=read_rejects(_rejects_path(run_dir, index)),
-                          skipped=True)
+
+def _checksums_match(run_dir: Path, entry: ShardEntry) -> bool:
+    return all(file_sha256(run_dir / rel) == info["sha256"] for rel, info in entry.files.items())
+
+
+def finished_unit(run_dir: Path, index: int) -> UnitResult | None:
+    """The result of a unit finished by an earlier invocation: its marker, sizes and sha256 all check out."""
+    entry = completed_shard(run_dir, index)
+    if entry is None or not _checksums_match(run_dir, entry):
+        return None
+    return UnitResult(index=index, entry=entry, rejects=read_rejects(_rejects_path(run_dir, index)), skipped=True)
+
+
+@dataclass(kw_only=True)
+class CaptureStage:
+    engine: Engine
+    settings: StageSettings
 
     def run_unit(self, run_dir: Path, index: int, samples: Sequence[PreparedSample]) -> UnitResult:
         captures = {}
-        for batch in _batches(samples, self.batch_size):
+        cfg = self.settings
+        for batch in _batches(samples, cfg.batch_size):
             for sample, capture in zip(batch, self.engine.capture(batch)):
                 captures[sample.sample_id] = capture
         items, rejects = [], []
@@ -64,8 +77,8 @@ class CaptureStage:
             reject = None if capture is not None else Reject(
                 source=sample.source, row=sample.row, sample_id=sample.sample_id, reason="not_captured",
                 detail="the engine returned no result for this sample")
-            reject = reject or capture_reject(sample, capture, num_points=len(self.points),
-                                              hidden_size=self.hidden_size)
+            reject = reject or capture_reject(sample, capture, num_points=len(cfg.points),
+                                              hidden_size=cfg.hidden_size)
             if reject is not None:
                 rejects.append(reject)
             else:
@@ -75,6 +88,6 @@ class CaptureStage:
             write_rejects(_rejects_path(run_dir, index), rejects)
         entry = None
         if items:
-            entry = write_shard(run_dir, index, items, points=[p.label for p in self.points],
-                                storage_dtype=self.storage_dtype, metadata=self.metadata)
+            entry = write_shard(run_dir, index, items, points=[p.label for p in cfg.points],
+                                storage_dtype=cfg.storage_dtype, metadata=cfg.metadata)
         return UnitResult(index=index, entry=entry, rejects=rejects)

@@ -13,9 +13,8 @@ from omegaconf import DictConfig
 from pipeline import provenance
 from pipeline.config import ConfigError, resolved_dict, to_config
 from pipeline.data.prepare import PreparedData, prepare, write_rejects
-from pipeline.engines.base import make_engine
-from pipeline.run.capture import CaptureStage, UnitResult
-from pipeline.run.local import LocalExecutor
+from pipeline.run.capture import StageSettings, UnitResult
+from pipeline.run.local import EngineSpec, LocalExecutor
 from pipeline.run.resolve import ResolvedRun, prepare_out_dir, resolve_run
 from pipeline.shards.layout import FORMAT_VERSION
 from pipeline.shards.manifest import write_manifest
@@ -58,10 +57,17 @@ def _run_record(run: ResolvedRun, config: dict[str, Any], prepared: PreparedData
             "code": provenance.code_version()}
 
 
-def _make_engine(run: ResolvedRun):
+def _executor(run: ResolvedRun):
     cfg = run.cfg.engine
-    return make_engine(cfg.name, model_path=str(run.model.path), dtype=cfg.dtype, points=run.points,
-                       num_layers=run.model.num_layers, options={**cfg.options, "tp_size": cfg.tp_size})
+    spec = EngineSpec(name=cfg.name, kwargs=dict(
+        model_path=str(run.model.path), dtype=cfg.dtype, points=run.points, num_layers=run.model.num_layers,
+        options={**cfg.options, "tp_size": cfg.tp_size}))
+    spec.make()  # constructing loads nothing; an engine whose adapter or environment is absent fails here
+    if run.cfg.runner.name == "ray":
+        from pipeline.run.ray_executor import RayExecutor
+
+        return RayExecutor(spec, run.cfg.runner)
+    return LocalExecutor(spec)
 
 
 def _manifest(run: ResolvedRun, prov: dict[str, Any], results: list[UnitResult],
@@ -89,7 +95,7 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
     cfg = to_config(dcfg)
     run = resolve_run(cfg)  # every config error surfaces here, before any model loads
     try:
-        engine = _make_engine(run)  # constructing loads nothing; an engine whose adapter is absent fails here
+        executor = _executor(run)
     except (NotImplementedError, FileNotFoundError) as e:
         raise ConfigError(str(e)) from e
     config = resolved_dict(dcfg)
@@ -101,13 +107,13 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
                        max_samples_per_shard=cfg.runner.max_samples_per_shard)
     log.info("%s %s: %d units of at most %d tokens", "resuming" if resuming else "starting", run.out_dir,
              len(units), cfg.runner.max_tokens_per_shard)
-    with engine:
-        prov = provenance.build(model=run.model, digests=digests, engine=engine.info(), points=run.points,
+    with executor:
+        prov = provenance.build(model=run.model, digests=digests, engine=executor.engine_info(), points=run.points,
                                 config=config, diff=None)
-        stage = CaptureStage(engine=engine, points=run.points, hidden_size=run.model.hidden_size,
-                             batch_size=cfg.engine.batch_size, storage_dtype=cfg.runner.storage_dtype,
-                             metadata=provenance.compact(prov))
-        results = LocalExecutor().run(stage, run.out_dir, units)
+        settings = StageSettings(points=run.points, hidden_size=run.model.hidden_size,
+                                 batch_size=cfg.engine.batch_size, storage_dtype=cfg.runner.storage_dtype,
+                                 metadata=provenance.compact(prov))
+        results = executor.run(settings, run.out_dir, units)
     manifest = _manifest(run, prov, results, prepared)
     write_manifest(run.out_dir, manifest)
     return RunSummary(out_dir=run.out_dir, num_samples=manifest["num_samples"], num_tokens=manifest["num_tokens"],

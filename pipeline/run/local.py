@@ -1,51 +1,58 @@
-"""The local executor: runs every unit of a stage in this process, one at a time, skipping finished units."""
+"""The local executor: one engine in this process (or its worker), every unit in order, finished units skipped."""
 from __future__ import annotations
 
-import logging
-import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from typing import Any, Sequence
 
 from pipeline.data.sample import PreparedSample
-from pipeline.run.capture import CaptureStage, UnitResult
+from pipeline.engines.base import Capture, Engine, EngineInfo, make_engine
+from pipeline.run.capture import CaptureStage, StageSettings, UnitResult, finished_unit
+from pipeline.run.progress import RunProgress
 
-log = logging.getLogger(__name__)
 
+@dataclass(frozen=True, kw_only=True)
+class EngineSpec:
+    """How to build the primary engine anywhere (picklable: Ray actors build their own replica from it)."""
 
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("[bold]capture"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
-        TextColumn("{task.fields[tok_s]:>8.0f} tok/s"), TimeElapsedColumn(), TextColumn("ETA"),
-        TimeRemainingColumn(), console=Console(file=sys.stderr), transient=False,
-        disable=not sys.stderr.isatty())
+    name: str
+    kwargs: dict[str, Any]
+
+    def make(self) -> Engine:
+        return make_engine(self.name, **self.kwargs)
 
 
 class LocalExecutor:
-    def run(self, stage: CaptureStage, run_dir: Path,
+    """Executors share this shape: start replicas, report engine info, probe, run units, close."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+        self.engine: Engine | None = None
+
+    def __enter__(self) -> "LocalExecutor":
+        self.engine = self.spec.make()
+        self.engine.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    def engine_info(self) -> EngineInfo:
+        return self.engine.info()
+
+    def probe(self, samples: Sequence[PreparedSample]) -> list[Capture]:
+        """Capture without writing (the diff gate's view of the primary engine)."""
+        return self.engine.capture(samples)
+
+    def run(self, settings: StageSettings, run_dir: Path,
             units: Sequence[Sequence[PreparedSample]]) -> list[UnitResult]:
-        total_samples = sum(len(u) for u in units)
-        total_tokens = sum(s.num_tokens for u in units for s in u)
-        results: list[UnitResult] = []
-        tokens_done, captured_tokens, capture_seconds = 0, 0, 0.0
-        with _progress() as progress:
-            task = progress.add_task("capture", total=total_samples, tok_s=0.0)
+        stage = CaptureStage(engine=self.engine, settings=settings)
+        results = []
+        with RunProgress(units) as progress:
             for index, unit in enumerate(units):
-                unit_tokens = sum(s.num_tokens for s in unit)
-                t0 = time.perf_counter()
-                result = stage.done(run_dir, index) or stage.run_unit(run_dir, index, unit)
-                if not result.skipped:
-                    captured_tokens += unit_tokens
-                    capture_seconds += time.perf_counter() - t0
-                tokens_done += unit_tokens
+                result = finished_unit(run_dir, index) or stage.run_unit(run_dir, index, unit)
+                progress.unit_done(result, len(unit))
                 results.append(result)
-                rate = captured_tokens / capture_seconds if capture_seconds else 0.0
-                progress.update(task, advance=len(unit), tok_s=rate)
-                eta = (total_tokens - tokens_done) / rate if rate else 0.0
-                log.info("unit %d/%d %s: %d samples, %d tokens, %d rejected | %.0f tok/s, ETA %.0fs",
-                         index + 1, len(units), "skipped (finished earlier)" if result.skipped else "written",
-                         len(unit), unit_tokens, len(result.rejects), rate, eta)
         return results

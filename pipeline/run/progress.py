@@ -1,0 +1,50 @@
+"""Progress of a run as units finish, for any executor: a live bar on a terminal, a log line per unit everywhere."""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Sequence
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from pipeline.data.sample import PreparedSample
+from pipeline.run.capture import UnitResult
+
+log = logging.getLogger("pipeline.run")
+
+
+class RunProgress:
+    """Samples done, captured tokens/s and ETA; units finished by an earlier invocation do not inflate the rate."""
+
+    def __init__(self, units: Sequence[Sequence[PreparedSample]]) -> None:
+        self._tokens = [sum(s.num_tokens for s in u) for u in units]
+        self._num_units = len(units)
+        self._left = sum(self._tokens)
+        self._captured = 0
+        self._started = time.perf_counter()
+        self._bar = Progress(
+            TextColumn("[bold]capture"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
+            TextColumn("{task.fields[tok_s]:>8.0f} tok/s"), TimeElapsedColumn(), TextColumn("ETA"),
+            TimeRemainingColumn(), console=Console(file=sys.stderr), disable=not sys.stderr.isatty())
+        self._task = self._bar.add_task("capture", total=sum(len(u) for u in units), tok_s=0.0)
+
+    def __enter__(self) -> "RunProgress":
+        self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.stop()
+
+    def unit_done(self, result: UnitResult, num_samples: int) -> None:
+        tokens = self._tokens[result.index]
+        self._left -= tokens
+        if not result.skipped:  # finished earlier: counts as done, not as throughput
+            self._captured += tokens
+        elapsed = time.perf_counter() - self._started
+        rate = self._captured / elapsed if elapsed > 0 and self._captured else 0.0
+        self._bar.update(self._task, advance=num_samples, tok_s=rate)
+        log.info("unit %d/%d %s: %d samples, %d tokens, %d rejected | %.0f tok/s, ETA %.0fs", result.index + 1,
+                 self._num_units, "skipped (finished earlier)" if result.skipped else "written", num_samples, tokens,
+                 len(result.rejects), rate, self._left / rate if rate else 0.0)
