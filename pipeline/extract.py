@@ -15,6 +15,7 @@ log = logging.getLogger("pipeline.extract")
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from pipeline.compare.gate import DiffGateError, describe
     from pipeline.run.job import run_extract
 
     try:
@@ -22,11 +23,19 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as e:
         log.error("configuration error: %s", e)
         sys.exit(2)
+    except DiffGateError as e:  # before any shard: the report says why
+        log.error("stopped by the diff gate: %s", e)
+        sys.exit(3)
+    except RuntimeError as e:  # e.g. units that failed after all retries: the run stays unfinished (no manifest)
+        log.error("run failed, no manifest written (rerun the same command to resume): %s", e)
+        sys.exit(1)
     print(f"run directory: {summary.out_dir.resolve()}")
     print(f"wrote {summary.num_samples} samples, {summary.num_tokens} tokens in {summary.num_shards} shard(s) "
           f"({summary.resumed_shards} finished earlier); {summary.num_rejects} rejected "
           f"(see rejects.parquet); {summary.seconds:.1f}s")
     print(f"capture points: {', '.join(summary.points)}")
+    for line in describe(summary.gate, summary.seconds):
+        print(line)
     print(f"check it with: python -m pipeline.verify {summary.out_dir}")
 
 

@@ -24,4 +24,10 @@ for engine_setup in scripts/engines/*.sh; do
     [ -e "$engine_setup" ] || continue
     bash "$engine_setup"
 done
+# Headless Chromium renders the diff report in the tests (tests/integration/test_diff_report.py): Debian's package,
+# installed only when it is missing and we are root (elsewhere that test skips and says why).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+fi
 .venv/bin/python -m pipeline.models.tiny

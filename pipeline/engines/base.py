@@ -100,8 +100,8 @@ class Engine(abc.ABC):
 # An entry of None is an engine whose adapter has not landed yet: configs naming it validate, starting it fails clearly.
 _REGISTRY: dict[str, str | None] = {
     "hf": "pipeline.engines.hf:HFEngine",
-    "vllm": None,
-    "sglang": None,
+    "vllm": "pipeline.engines.vllm:VLLMEngine",
+    "sglang": "pipeline.engines.sglang:SGLangEngine",
 }
 
 

@@ -92,5 +92,8 @@ class RemoteEngine(Engine):
             self._proc.wait()
         finally:
             for f in (self._tx, self._rx):
-                f.close()
+                try:
+                    f.close()
+                except BrokenPipeError:  # a worker that exited mid-message: the unsent rest no longer matters
+                    pass
             self._proc = None

@@ -1,4 +1,4 @@
-"""The extract job: resolve -> prepare -> capture units (resumable) -> manifest, written last."""
+"""The extract job: resolve -> prepare -> diff gate -> capture units (resumable) -> manifest, written last."""
 from __future__ import annotations
 
 import logging
@@ -11,11 +11,12 @@ from typing import Any
 from omegaconf import DictConfig
 
 from pipeline import provenance
+from pipeline.compare.gate import DiffGate, GateOutcome, off as gate_off
 from pipeline.config import ConfigError, resolved_dict, to_config
 from pipeline.data.prepare import PreparedData, prepare, write_rejects
 from pipeline.run.capture import StageSettings, UnitResult
 from pipeline.run.local import EngineSpec, LocalExecutor
-from pipeline.run.resolve import ResolvedRun, prepare_out_dir, resolve_run
+from pipeline.run.resolve import ResolvedRun, check_out_dir, prepare_out_dir, resolve_run
 from pipeline.shards.layout import FORMAT_VERSION
 from pipeline.shards.manifest import write_manifest
 from pipeline.shards.plan import plan_units
@@ -34,6 +35,7 @@ class RunSummary:
     points: list[str]
     resumed_shards: int
     seconds: float
+    gate: GateOutcome  # the diff gate's verdict, report directory and cost
 
 
 def _prepare(run: ResolvedRun) -> tuple[PreparedData, str | None]:
@@ -98,25 +100,33 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
         executor = _executor(run)
     except (NotImplementedError, FileNotFoundError) as e:
         raise ConfigError(str(e)) from e
+    gate = DiffGate.create(cfg, run.model, run.points, run.out_dir)  # None when diff.gate=off
     config = resolved_dict(dcfg)
     prepared, chat_template = _prepare(run)
     digests = provenance.model_digests(run.model, chat_template)
-    resuming = prepare_out_dir(run, _run_record(run, config, prepared, digests))
-    write_rejects(run.out_dir / PREPARE_REJECTS, prepared.rejects)
-    units = plan_units(prepared.samples, max_tokens_per_shard=cfg.runner.max_tokens_per_shard,
-                       max_samples_per_shard=cfg.runner.max_samples_per_shard)
-    log.info("%s %s: %d units of at most %d tokens", "resuming" if resuming else "starting", run.out_dir,
-             len(units), cfg.runner.max_tokens_per_shard)
-    with executor:
+    record = _run_record(run, config, prepared, digests)
+    check_out_dir(run, record)  # a mismatched resume is refused before any engine starts
+    if gate is not None:
+        gate.probe_references(prepared.samples)  # the reference engines: started, probed, closed
+    with executor:  # the primary starts once: the gate probes it, then it captures the run
+        outcome = gate.check(executor) if gate is not None else gate_off()  # may stop the run: no shard yet
+        resuming = prepare_out_dir(run, record)
+        write_rejects(run.out_dir / PREPARE_REJECTS, prepared.rejects)
+        units = plan_units(prepared.samples, max_tokens_per_shard=cfg.runner.max_tokens_per_shard,
+                           max_samples_per_shard=cfg.runner.max_samples_per_shard)
+        log.info("%s %s: %d units of at most %d tokens", "resuming" if resuming else "starting", run.out_dir,
+                 len(units), cfg.runner.max_tokens_per_shard)
         prov = provenance.build(model=run.model, digests=digests, engine=executor.engine_info(), points=run.points,
-                                config=config, diff=None)
+                                config=config, diff=outcome.summary)
         settings = StageSettings(points=run.points, hidden_size=run.model.hidden_size,
                                  batch_size=cfg.engine.batch_size, storage_dtype=cfg.runner.storage_dtype,
                                  metadata=provenance.compact(prov))
         results = executor.run(settings, run.out_dir, units)
     manifest = _manifest(run, prov, results, prepared)
     write_manifest(run.out_dir, manifest)
+    if gate is not None:
+        gate.finish()  # the gate report's HTML, rendered off the capture's critical path
     return RunSummary(out_dir=run.out_dir, num_samples=manifest["num_samples"], num_tokens=manifest["num_tokens"],
                       num_shards=len(manifest["shards"]), num_rejects=manifest["rejects"]["total"],
                       points=manifest["points"], resumed_shards=sum(r.skipped for r in results),
-                      seconds=time.perf_counter() - started)
+                      seconds=time.perf_counter() - started, gate=outcome)

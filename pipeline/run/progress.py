@@ -23,12 +23,14 @@ class RunProgress:
         self._num_units = len(units)
         self._left = sum(self._tokens)
         self._captured = 0
+        self._captured_samples = 0
         self._started = time.perf_counter()
         self._bar = Progress(
             TextColumn("[bold]capture"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
-            TextColumn("{task.fields[tok_s]:>8.0f} tok/s"), TimeElapsedColumn(), TextColumn("ETA"),
+            TextColumn("{task.fields[samples_s]:>6.1f} samples/s"), TextColumn("{task.fields[tok_s]:>8.0f} tok/s"), TimeElapsedColumn(), TextColumn("ETA"),
             TimeRemainingColumn(), console=Console(file=sys.stderr), disable=not sys.stderr.isatty())
-        self._task = self._bar.add_task("capture", total=sum(len(u) for u in units), tok_s=0.0)
+        self._task = self._bar.add_task("capture", total=sum(len(u) for u in units), tok_s=0.0,
+                                        samples_s=0.0)
 
     def __enter__(self) -> "RunProgress":
         self._bar.start()
@@ -42,9 +44,10 @@ class RunProgress:
         self._left -= tokens
         if not result.skipped:  # finished earlier: counts as done, not as throughput
             self._captured += tokens
-        elapsed = time.perf_counter() - self._started
-        rate = self._captured / elapsed if elapsed > 0 and self._captured else 0.0
-        self._bar.update(self._task, advance=num_samples, tok_s=rate)
-        log.info("unit %d/%d %s: %d samples, %d tokens, %d rejected | %.0f tok/s, ETA %.0fs", result.index + 1,
-                 self._num_units, "skipped (finished earlier)" if result.skipped else "written", num_samples, tokens,
-                 len(result.rejects), rate, self._left / rate if rate else 0.0)
+            self._captured_samples += num_samples
+        elapsed = max(time.perf_counter() - self._started, 1e-9)
+        rate, sample_rate = self._captured / elapsed, self._captured_samples / elapsed
+        self._bar.update(self._task, advance=num_samples, tok_s=rate, samples_s=sample_rate)
+        log.info("unit %d/%d %s: %d samples, %d tokens, %d rejected | %.1f samples/s, %.0f tok/s, ETA %.0fs",
+                 result.index + 1, self._num_units, "skipped (finished earlier)" if result.skipped else "written",
+                 num_samples, tokens, len(result.rejects), sample_rate, rate, self._left / rate if rate else 0.0)

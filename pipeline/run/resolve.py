@@ -64,6 +64,14 @@ def _check_out_dir(cfg: ExtractConfig) -> Path:
     return out
 
 
+def resolve_model(cfg: ExtractConfig) -> ModelInfo:
+    """The model's facts (built first when it is a tiny-model recipe); errors name model.path."""
+    try:
+        return read_model_info(_model_dir(cfg))
+    except (OSError, ValueError) as e:
+        raise ConfigError(str(e) if "model.path" in str(e) else f"model.path={cfg.model.path!r}: {e}") from e
+
+
 def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
     _check_engine(cfg)
     out_dir = _check_out_dir(cfg)
@@ -71,10 +79,7 @@ def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
         check_readable(cfg.data.path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"data.path={cfg.data.path!r}: {e}") from e
-    try:
-        model = read_model_info(_model_dir(cfg))
-    except (OSError, ValueError) as e:
-        raise ConfigError(str(e) if "model.path" in str(e) else f"model.path={cfg.model.path!r}: {e}") from e
+    model = resolve_model(cfg)
     try:
         points = resolve(cfg.capture.points, convention=cfg.capture.convention, family=model.family,
                          num_layers=model.num_layers)
@@ -83,11 +88,16 @@ def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
     return ResolvedRun(cfg=cfg, model=model, points=points, data_path=Path(cfg.data.path), out_dir=out_dir)
 
 
-def prepare_out_dir(run: ResolvedRun, run_record: dict) -> bool:
-    """Create or reuse the run directory. Returns True when resuming an unfinished run of the same config."""
+# The diff gate writes its report here before the run starts (pipeline.compare.gate); the run directory keeps it.
+GATE_DIR = "diff"
+
+
+def check_out_dir(run: ResolvedRun, run_record: dict) -> bool:
+    """Read-only: True when `prepare_out_dir` would resume an unfinished run of the same config; ConfigError where it
+    would refuse. Lets a job refuse a mismatched resume before any engine starts."""
     out = run.out_dir
-    if out.exists() and is_finished(out):  # overwrite=true was checked in resolve_run
-        shutil.rmtree(out)
+    if out.exists() and is_finished(out):  # replaced by prepare_out_dir (overwrite=true was checked in resolve_run)
+        return False
     marker = out / RUN_FILE
     if marker.exists():
         previous = json.loads(marker.read_text())
@@ -96,8 +106,22 @@ def prepare_out_dir(run: ResolvedRun, run_record: dict) -> bool:
             raise ConfigError(f"out_dir={str(out)!r} holds an unfinished run with a different {', '.join(changed)}; "
                               f"resume it with the same settings, or choose another out_dir")
         return True
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(p.name != GATE_DIR for p in out.iterdir()):
         raise ConfigError(f"out_dir={str(out)!r} is not empty and holds no run; choose an empty or new directory")
+    return False
+
+
+def prepare_out_dir(run: ResolvedRun, run_record: dict) -> bool:
+    """Create or reuse the run directory. Returns True when resuming an unfinished run of the same config."""
+    out = run.out_dir
+    resuming = check_out_dir(run, run_record)
+    if out.exists() and is_finished(out):  # overwrite=true was checked in resolve_run; this run's gate report stays
+        for child in out.iterdir():
+            if child.name != GATE_DIR:
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+    if resuming:
+        return True
+    marker = out / RUN_FILE
     out.mkdir(parents=True, exist_ok=True)
     tmp = marker.with_suffix(".tmp")
     tmp.write_text(json.dumps(run_record, indent=2, sort_keys=True))
@@ -105,4 +129,5 @@ def prepare_out_dir(run: ResolvedRun, run_record: dict) -> bool:
     return False
 
 
-__all__ = ["ConfigError", "ResolvedRun", "resolve_run", "prepare_out_dir", "engine_class"]
+__all__ = ["ConfigError", "ResolvedRun", "resolve_run", "resolve_model", "check_out_dir", "prepare_out_dir",
+           "engine_class", "GATE_DIR"]

@@ -1,0 +1,130 @@
+"""SGLang plain prefill vs capture+write through the pipeline, same prompts, one run (a script, not a test).
+
+    .venv/bin/python bench/sglang_throughput.py [--model tiny-kimi-bf16] [--dtype auto] [--copies 1] [--repeats 3]
+                                                [--lists]
+
+Plain prefill: the real serving path, `sglang.Engine.generate(max_new_tokens=1)` over all prompts at once, no capture
+(`pipeline.engines.sglang_serving`, its own process). Capture+write: the pipeline's capture stage through
+`make_engine("sglang")` (SGLang's model runner in the engine's worker, aux capture + final norm + embedding, transfer
+to this process, validation, safetensors + parquet shard writes). Runner forward: the same runner's forwards alone
+(`engine.call("forward_seconds")`: aux capture included, nothing transferred or written), which isolates the
+pipeline's own overhead. All are started once and kept alive (the Engine sleeps when idle); rounds alternate between
+them (this machine's CPUs are shared), best of --repeats. Target: capture+write / Engine plain prefill >= 0.9.
+--lists also times the alternative: the same Engine with aux capture, `return_hidden_states=True`, lists -> tensors.
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BUNDLED = REPO / "pipeline" / "data" / "bundled" / "conversations.jsonl"
+
+
+def prepared_samples(model_path: Path, copies: int, work: Path):
+    from transformers import AutoTokenizer
+
+    from pipeline.data.prepare import prepare
+
+    lines = [line for line in BUNDLED.read_text().splitlines() if line.strip()]
+    data = work / "prompts.jsonl"
+    data.write_text("\n".join(lines * copies) + "\n")
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    return prepare(data, tokenizer, max_length=2048, length_policy="truncate", limit=None).samples
+
+
+def capture_and_write(engine, samples, settings, run_dir: Path) -> float:
+    from pipeline.run.capture import CaptureStage
+    from pipeline.shards.plan import plan_units
+
+    stage = CaptureStage(engine=engine, settings=settings)
+    units = plan_units(samples, max_tokens_per_shard=65536, max_samples_per_shard=1024)
+    start = time.perf_counter()
+    for index, unit in enumerate(units):
+        result = stage.run_unit(run_dir, index, unit)
+        if result.rejects:
+            raise SystemExit(f"unit {index}: {len(result.rejects)} rejected, first: {result.rejects[0].detail}")
+    return time.perf_counter() - start
+
+
+def runner_forward_seconds(engine, samples, batch_size: int) -> float:
+    """The runner's forwards alone (aux capture included, nothing moved out), batched as the capture stage does."""
+    ordered = sorted(samples, key=lambda s: s.num_tokens)
+    batches = [ordered[i: i + batch_size] for i in range(0, len(ordered), batch_size)]
+    return sum(engine.call("forward_seconds", [s.input_ids_T.tolist() for s in b]) for b in batches)
+
+
+def lists_round(path: Path, dtype: str, prompts, aux_ids) -> None:
+    from pipeline.engines.sglang_serving_client import ServingEngine
+
+    tokens = sum(len(p) for p in prompts)
+    with ServingEngine(str(path), prompts, dtype=dtype, aux_ids=aux_ids) as served:
+        plain, (reply, _) = served.time_prefill(), served.hidden_states()
+    print(f"Engine with aux capture {aux_ids}: plain prefill {tokens / plain['seconds']:.0f} tok/s | "
+          f"return_hidden_states (lists) {tokens / reply['seconds']:.0f} tok/s + lists->tensors "
+          f"{reply['to_tensor_seconds']:.2f} s; ratio {plain['seconds'] / reply['seconds']:.2f} "
+          f"(without the final norm: a second pass would be needed for it)")
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny-kimi-bf16", help="a tiny model recipe name")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--copies", type=int, default=1, help="copies of the bundled conversations")
+    ap.add_argument("--batch-size", type=int, default=64, help="engine.batch_size of the pipeline")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--lists", action="store_true", help="also time Engine + return_hidden_states (Python lists)")
+    return ap.parse_args()
+
+
+def alternate(args, path: Path, info, samples, work: Path) -> tuple[dict[str, list[float]], list[int]]:
+    """Seconds per repeat of each path, all three engines alive; and the aux ids the pipeline used."""
+    from pipeline.engines.base import make_engine
+    from pipeline.engines.sglang_serving_client import ServingEngine
+    from pipeline.points import parse_points
+    from pipeline.run.capture import StageSettings
+
+    n, tokens = info.num_layers, sum(s.num_tokens for s in samples)
+    points = parse_points(["embed", 1, n // 2, n - 1, "final_norm"], num_layers=n)  # bN: not capturable in SGLang
+    settings = StageSettings(points=points, hidden_size=info.hidden_size, batch_size=args.batch_size,
+                             storage_dtype=None, metadata={"bench": "sglang_throughput"})
+    print(f"model {args.model} (dtype {args.dtype}), {len(samples)} prompts, {tokens} tokens, "
+          f"points {[p.label for p in points]}, pipeline batch size {args.batch_size}")
+    kwargs = dict(model_path=str(path), dtype=args.dtype, points=points, num_layers=n, options={})
+    seconds: dict[str, list[float]] = {"Engine plain prefill": [], "runner forward": [], "capture+write": []}
+    with ServingEngine(str(path), [s.input_ids_T for s in samples], dtype=args.dtype) as served, \
+            make_engine("sglang", **kwargs) as engine:
+        engine.capture(samples[:8])  # warm-up (the Engine warmed up before reporting ready)
+        for r in range(args.repeats):
+            seconds["Engine plain prefill"].append(served.time_prefill()["seconds"])
+            seconds["runner forward"].append(runner_forward_seconds(engine, samples, args.batch_size))
+            seconds["capture+write"].append(capture_and_write(engine, samples, settings, work / f"run-{r}"))
+            print(f"repeat {r}: " + " | ".join(f"{k} {tokens / v[-1]:6.0f} tok/s ({v[-1]:.2f} s)"
+                                               for k, v in seconds.items()))
+        return seconds, engine.info().extra["aux_layer_ids"]
+
+
+def main() -> None:
+    args = parse_args()
+    from pipeline.models.info import read_model_info
+    from pipeline.models.tiny import ensure_model
+
+    path = ensure_model(args.model)
+    info = read_model_info(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        samples = prepared_samples(path, args.copies, Path(tmp))
+        seconds, aux_ids = alternate(args, path, info, samples, Path(tmp))
+        if args.lists:
+            lists_round(path, args.dtype, [s.input_ids_T for s in samples], aux_ids)
+    tokens = sum(s.num_tokens for s in samples)
+    best = {k: tokens / min(v) for k, v in seconds.items()}
+    print("best: " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in best.items()))
+    print(f"ratio capture+write / Engine plain prefill: {best['capture+write'] / best['Engine plain prefill']:.3f} "
+          f"(target >= 0.9); capture+write / runner forward: "
+          f"{best['capture+write'] / best['runner forward']:.3f} (the pipeline's own overhead)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""The diff as a gate of `python -m pipeline.extract`: before any shard is written, a probe subset goes through the
+reference (and `diff.gate_engines`) and through the primary engine; over the thresholds, or with any capture point
+not where its engine claims it is, the run stops (diff.gate=stop) or warns (diff.gate=warn).
+
+Engine lifetimes: the reference engines are started, probed and closed first (on a GPU node they need the devices the
+primary will use); the primary is started once by the job, probed here, and then captures the run. Only the primary
+gets the self-checks (diff.gate_probe: by default one sample alone vs in the batch, which also shows run-to-run
+non-determinism); it is the engine whose states are written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from pipeline.compare.analyze import DiffResult, all_points
+from pipeline.compare.entries import EngineEntry, engine_specs, entry, reference_spec
+from pipeline.compare.probe import EngineRun, ExecutorView, capture_probe, probe_engine, probe_samples
+from pipeline.compare.report import summary, write_report
+from pipeline.compare.stage import compare, report_config
+from pipeline.config import ConfigError, ExtractConfig
+from pipeline.data.sample import PreparedSample
+from pipeline.models.info import ModelInfo
+from pipeline.points import Point
+from pipeline.run.resolve import GATE_DIR  # inside the run directory: the gate's report
+
+log = logging.getLogger(__name__)
+
+
+class DiffGateError(RuntimeError):
+    """The gate stopped the run; the message names what failed and where the report is."""
+
+
+@dataclass(kw_only=True)
+class GateOutcome:
+    mode: str  # stop | warn | off
+    status: str  # pass | warn | fail | off
+    summary: dict[str, Any]
+    report_dir: Path | None = None
+    seconds: float = 0.0
+    parts: dict[str, float] = field(default_factory=dict)  # where the gate's time went
+    result: DiffResult | None = None
+    lines: list[str] = field(default_factory=list)
+
+
+def off() -> GateOutcome:
+    return GateOutcome(mode="off", status="off", summary={"status": "off", "gate": "off"})
+
+
+def primary_label(cfg: ExtractConfig) -> str:
+    e = cfg.engine
+    return f"{e.name}{'' if e.dtype == 'auto' else '@' + e.dtype} (primary)"
+
+
+class DiffGate:
+    def __init__(self, cfg: ExtractConfig, model: ModelInfo, points: Sequence[Point], out_dir: Path,
+                 others: list[EngineEntry]) -> None:
+        self.cfg, self.model, self.points, self.out_dir, self.others = cfg, model, list(points), out_dir, others
+        self.runs: list[EngineRun] = []
+        self.samples: list[PreparedSample] = []
+        self.seconds: dict[str, float] = {}
+        self._html_due = False
+        self.outcome: GateOutcome | None = None
+
+    @classmethod
+    def create(cls, cfg: ExtractConfig, model: ModelInfo, points: Sequence[Point], out_dir: Path) -> "DiffGate | None":
+        """None when diff.gate=off. Resolves the reference entries (config errors surface here, before any work)."""
+        if cfg.diff.gate == "off":
+            return None
+        ref = reference_spec(cfg.diff.reference)
+        others = [entry(ref, role="reference", model=model, points=all_points(model.num_layers),
+                        where="diff.reference")]
+        for i, spec in enumerate(engine_specs(cfg.diff.gate_engines, "diff.gate_engines", ref)):
+            others.append(entry(spec, role="engine", model=model, points=points, where=f"diff.gate_engines[{i}]"))
+        for e in others:  # constructing loads nothing; an engine whose environment is absent fails here
+            try:
+                e.make(model.num_layers)
+            except (NotImplementedError, FileNotFoundError) as err:
+                raise ConfigError(f"diff gate engine {e.label} ({e.role}): {err}") from err
+        return cls(cfg, model, points, out_dir, others)
+
+    def probe_references(self, samples: Sequence[PreparedSample]) -> None:
+        """Start, probe and close every engine other than the primary (once each, no self-checks)."""
+        t0 = time.perf_counter()
+        probe = self.cfg.diff.gate_probe
+        self.samples = probe_samples(samples, probe)
+        once = dataclasses.replace(probe, repeats=1, alone=0)
+        for e in self.others:
+            log.info("diff gate: probing %s (%s)", e.label, e.role)
+            run = EngineRun(label=e.label, role=e.role, config=e.describe(), points=e.points)
+            self.runs.append(probe_engine(run, lambda e=e: e.make(self.model.num_layers), self.samples, once,
+                                          batch_size=e.config.batch_size, hidden_size=self.model.hidden_size))
+        self.seconds["references"] = time.perf_counter() - t0
+
+    def check(self, executor: Any) -> GateOutcome:
+        """Probe the started primary engine (through its executor: `probe` + `engine_info`), compare, write the
+        report; stop (raise DiffGateError) or warn when it fails."""
+        t0 = time.perf_counter()
+        c = self.cfg
+        run = EngineRun(label=primary_label(c), role="primary", points=self.points,
+                        config={**dataclasses.asdict(c.engine), "model_path": str(self.model.path)})
+        try:
+            capture_probe(run, ExecutorView(executor), self.samples, c.diff.gate_probe, batch_size=c.engine.batch_size,
+                          hidden_size=self.model.hidden_size)
+        except Exception as e:  # the report says so and the gate fails
+            run.error = f"{type(e).__name__}: {e}"
+        t1 = time.perf_counter()
+        self.seconds["primary probe"] = t1 - t0
+        result = compare([*self.runs, run], reference=self.others[0].label, model=self.model, samples=self.samples,
+                         cfg=c.diff)
+        t2 = time.perf_counter()
+        self.seconds["analysis"] = t2 - t1
+        report_dir = self.out_dir / GATE_DIR
+        result.seconds.update({f"gate {k}": v for k, v in self.seconds.items()})
+        # report.html waits for the end of the run unless the gate fails: plots are for people, not for the decision
+        self._html_due = c.diff.html
+        write_report(result, report_dir, config=report_config(c.diff, command="pipeline.extract gate"),
+                     html=c.diff.html and result.status == "fail")
+        if result.status == "fail":
+            self._html_due = False
+        self.seconds["report"] = time.perf_counter() - t2
+        outcome = GateOutcome(mode=c.diff.gate, status=result.status, report_dir=report_dir,
+                              seconds=sum(self.seconds.values()), parts=dict(self.seconds), result=result,
+                              summary=summary(result, report=f"{GATE_DIR}/report.json"),
+                              lines=result.failures + result.warnings)
+        if result.status == "fail":
+            message = _stop_message(result, report_dir)
+            if c.diff.gate == "stop":
+                raise DiffGateError(message)
+            log.warning("diff gate (diff.gate=warn, capturing anyway): %s", message)
+        self.outcome = outcome
+        return outcome
+
+    def finish(self) -> None:
+        """After the run: report.html of a gate that did not fail (rendered off the capture's critical path)."""
+        if not self._html_due or self.outcome is None or self.outcome.result is None:
+            return
+        from pipeline.compare.report import write_html
+
+        t0 = time.perf_counter()
+        write_html(self.outcome.result, self.outcome.report_dir)
+        self.outcome.parts["report.html (after the run)"] = time.perf_counter() - t0
+        self._html_due = False
+
+
+def _stop_message(result: DiffResult, report_dir: Path) -> str:
+    shown = result.failures[:4]
+    more = f"\n  ... and {len(result.failures) - len(shown)} more" if len(result.failures) > len(shown) else ""
+    return ("the diff gate found the primary engine out of line with the reference, before any shard was written:\n"
+            + "\n".join(f"  - {f}" for f in shown) + more
+            + f"\nreport: {report_dir.resolve()}/report.html (report.json, report.md beside it)"
+            + "\nfix the engine or its capture convention, or pass diff.gate=warn to capture anyway")
+
+
+def describe(outcome: GateOutcome, run_seconds: float) -> list[str]:
+    """What extract prints about its gate: verdict, cost (absolute and as a fraction of the run), report, findings."""
+    if outcome.mode == "off":
+        return ["diff gate: off (diff.gate=off)"]
+    share = outcome.seconds / run_seconds if run_seconds > 0 else 0.0
+    parts = ", ".join(f"{k} {v:.1f}s" for k, v in outcome.parts.items())
+    lines = [f"diff gate: {outcome.status} (diff.gate={outcome.mode}) in {outcome.seconds:.1f}s = {share:.1%} of this "
+             f"run ({parts}); report: {outcome.report_dir.resolve() / 'report.html' if outcome.report_dir else '-'}"]
+    return lines + [f"  - {x}" for x in outcome.lines[:6]]

@@ -1,0 +1,228 @@
+"""report.html: one self-contained file (PNG plots embedded as base64, inline CSS, no scripts, no external links)."""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from typing import Sequence
+
+from pipeline.compare.analyze import DiffResult, PairResult
+from pipeline.compare.align import Alignment
+from pipeline.compare.report import ENGINE_HEADER, POINT_HEADER, _KIND_TITLE, engine_rows, point_rows
+
+_DPI = 72
+_FLOOR = 1e-12  # the lowest a log axis goes; zeros are drawn at a floor below the smallest nonzero value
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
+table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}
+th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f2f2f2}
+td:first-child,th:first-child{text-align:left}
+.pass,.ok{color:#0a7d27}.warn,.flips,.ambiguous,.unverified{color:#a66f00}
+.fail,.over,.misaligned,.missing,.error{color:#c0142b;font-weight:bold}
+.downstream{color:#c0142b}
+.banner{font-size:22px;font-weight:bold;padding:10px 14px;border-radius:6px;display:inline-block}
+.banner.pass{background:#e3f6e8}.banner.warn{background:#fff3d6}.banner.fail{background:#fde2e5}
+img{max-width:100%;border:1px solid #eee;margin:6px 0}
+li{margin:3px 0}
+"""
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> str:
+    from matplotlib.ticker import NullLocator
+
+    for ax in fig.axes:  # minor ticks on wide log axes cost most of the drawing time, and say little
+        ax.yaxis.set_minor_locator(NullLocator())
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight")
+    _plt().close(fig)
+    return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
+
+
+def floor_of(values: Sequence[float]) -> float:
+    positive = [v for v in values if math.isfinite(v) and v > 0]
+    return max(_FLOOR, min(positive) / 10) if positive else 1e-3
+
+
+def _log(values: Sequence[float], floor: float) -> list[float]:
+    return [max(v, floor) if math.isfinite(v) else float("nan") for v in values]
+
+
+def _series_panel(ax, x, series, title: str, threshold: float | None = None) -> float:
+    floor = floor_of([v for _, vals, _ in series for v in vals] + ([threshold] if threshold else []))
+    for name, vals, style in series:
+        ax.plot(x, _log(vals, floor), style, label=name, markersize=4)
+    if threshold is not None:
+        ax.axhline(threshold, color="red", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.set_ylabel(f"zeros drawn at {floor:.0e}", fontsize=7)
+    return floor
+
+
+def fig_points(pair: PairResult, threshold: float | None) -> str:
+    plt = _plt()
+    labels = pair.labels
+    x = list(range(len(labels)))
+    s = [pair.points[k] for k in labels]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+    _series_panel(axes[0], x, [("aggregate", [p.rel_l2 for p in s], "o-"), ("p50 token", [p.p50 for p in s], "s--"),
+                               ("p90 token", [p.p90 for p in s], "^--"), ("max token", [p.max for p in s], "v:")],
+                  "relative L2", threshold)
+    _series_panel(axes[1], x, [("1 - mean cosine", [1 - p.cosine for p in s], "o-"),
+                               ("1 - min cosine", [1 - p.cosine_min for p in s], "v:")], "cosine distance")
+    _series_panel(axes[2], x, [("max abs", [p.max_abs for p in s], "o-")], "max abs difference")
+    for ax in axes:
+        ax.set_xticks(x, labels, rotation=45, fontsize=8)
+        if pair.verdict.onset in labels:
+            ax.axvline(labels.index(pair.verdict.onset), color="orange", alpha=0.6, linewidth=3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{pair.name}: per point (orange: first divergent point)", fontsize=10)
+    return _png(fig)
+
+
+def _profile_points(pair: PairResult) -> list[str]:
+    labels = pair.labels
+    chosen = [labels[min(1, len(labels) - 1)], pair.verdict.onset, labels[len(labels) // 2], labels[-1]]
+    return [c for i, c in enumerate(chosen) if c and c not in chosen[:i]]
+
+
+def fig_positions(pair: PairResult) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    chosen = _profile_points(pair)
+    _series_panel(ax, None, [], f"{pair.name}: per-position profile")
+    floor = floor_of([v for label in chosen for v in pair.points[label].profile])
+    for label in chosen:
+        prof = pair.points[label].profile
+        ax.plot(range(len(prof)), _log(prof, floor), label=label, linewidth=1)
+    ax.set_xlabel("position in the sample")
+    ax.set_ylabel(f"mean per-token rel L2 (zeros at {floor:.0e})", fontsize=8)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def fig_overview(pairs: Sequence[PairResult]) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    floor = floor_of([p.points[k].judged_rel_l2 for p in pairs for k in p.labels])
+    for p in pairs:
+        ax.plot(range(len(p.labels)), _log([p.points[k].judged_rel_l2 for k in p.labels], floor), "o-",
+                markersize=4, label=p.name)
+        ax.set_xticks(range(len(p.labels)), p.labels, rotation=45, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel(f"max(aggregate, p90 token) rel L2\n(zeros at {floor:.0e})", fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("every engine against the reference", fontsize=10)
+    return _png(fig)
+
+
+def fig_alignment(al: Alignment) -> str:
+    plt = _plt()
+    import numpy as np
+
+    raw = np.array(al.distances, dtype=float)
+    floor = floor_of(raw.ravel().tolist())
+    d = np.log10(np.maximum(raw, floor))
+    fig, ax = plt.subplots(figsize=(max(5, 0.45 * len(al.cols) + 2), max(2.5, 0.4 * len(al.rows) + 1.2)))
+    im = ax.imshow(d, cmap="viridis_r", aspect="auto")
+    ax.set_xticks(range(len(al.cols)), al.cols, rotation=45, fontsize=8)
+    ax.set_yticks(range(len(al.rows)), [f"claims {r}" for r in al.rows], fontsize=8)
+    ax.set_xlabel(f"reference point ({al.reference})")
+    for i, m in enumerate(al.matches):
+        j = al.cols.index(m.matched)
+        ax.plot(j, i, marker="x", color="red" if m.status != "ok" else "white", markersize=10, mew=2)
+        if m.claimed in al.cols:
+            ax.add_patch(plt.Rectangle((al.cols.index(m.claimed) - 0.5, i - 0.5), 1, 1, fill=False,
+                                       edgecolor="orange", linewidth=2))
+    fig.colorbar(im, ax=ax, label=f"log10 median per-token rel L2 (zeros at {floor:.0e})")
+    ax.set_title(f"alignment of {al.engine} (x: best match, box: claimed)", fontsize=10)
+    return _png(fig)
+
+
+def _table(header: list[str], rows: list[list[str]], status_cols: Sequence[int] = ()) -> str:
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
+    for r in rows:
+        cells = []
+        for i, c in enumerate(r):
+            cls = f' class="{html.escape(c)}"' if i in status_cols else ""
+            cells.append(f"<td{cls}>{html.escape(str(c))}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    return "\n".join(out) + "</table>"
+
+
+def _list(items: Sequence[str], cls: str) -> str:
+    return "<ul>" + "".join(f'<li class="{cls}">{html.escape(x)}</li>' for x in items) + "</ul>"
+
+
+def _pair_section(pair: PairResult, threshold: float | None, plots: bool) -> list[str]:
+    v = pair.verdict
+    out = [f'<h3>{html.escape(pair.name)}: <span class="{v.status}">{v.status}</span> ({v.dtype} tolerances)</h3>']
+    if v.headline:
+        out.append(f"<p>{html.escape(v.headline)}</p>")
+    if plots:
+        out.append(fig_points(pair, threshold))
+        if pair.kind in ("reference", "pair") or pair.verdict.onset:
+            out.append(fig_positions(pair))
+    out.append(_table(POINT_HEADER, point_rows(pair), status_cols=(1,)))
+    if pair.logits:
+        lg = pair.logits
+        out.append(f"<p>Logits ({html.escape(lg.source_a)} / {html.escape(lg.source_b)}, checkpoint LM head, "
+                   f"float32): top-1 agreement <b>{lg.top1:.2%}</b>, KL mean <b>{lg.kl_mean:.2e}</b>, "
+                   f"p99 {lg.kl_p99:.2e}, max {lg.kl_max:.2e} over {lg.num_tokens} tokens.</p>")
+    return out
+
+
+def to_html(result: DiffResult) -> str:
+    m, pr = result.model, result.probe
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>diff: {result.status}</title>"
+           f"<style>{_CSS}</style></head><body>",
+           f'<div class="banner {result.status}">Cross-framework diff: {result.status.upper()}</div>',
+           f"<p>Reference <b>{html.escape(result.reference)}</b>; model <code>{html.escape(str(m.get('path')))}</code>"
+           f" ({html.escape(str(m.get('model_type')))}, {m.get('num_layers')} layers, MoE layers "
+           f"{html.escape(str(m.get('moe_layers') or 'none'))}); probe {pr.get('num_samples')} samples, "
+           f"{pr.get('num_tokens')} tokens.</p>"]
+    if result.failures:
+        out += ["<h2>Failures</h2>", _list(result.failures, "fail")]
+    if result.warnings:
+        out += ["<h2>Warnings</h2>", _list(result.warnings, "warn")]
+    out += ["<h2>Engines</h2>", _table(ENGINE_HEADER, engine_rows(result))]
+    ref_pairs = [p for p in result.pairs if p.kind == "reference"]
+    if ref_pairs:
+        out += ["<h2>Overview</h2>", fig_overview(ref_pairs)]
+    for al in result.alignments:
+        out += [f'<h2>Alignment: {html.escape(al.engine)} <span class="{al.status}">{al.status}</span></h2>',
+                fig_alignment(al),
+                _table(["claimed", "matched", "distance", "to claimed", "runner-up", "votes", "status"],
+                       [[x.claimed, x.matched, f"{x.distance:.2e}", "-" if x.claimed_distance is None else
+                         f"{x.claimed_distance:.2e}", f"{x.runner_up} {x.runner_up_distance or 0:.2e}",
+                         f"{x.votes:.0%}", x.status] for x in al.matches], status_cols=(6,))]
+        if al.problems:
+            out.append(_list(al.problems, "fail" if al.status == "fail" else "warn"))
+        if al.notes:
+            out.append(_list(al.notes, "note"))
+    if result.anchors:
+        out += ["<h2>Checkpoint anchors</h2>",
+                _table(["engine", "check", "rel L2", "status", "detail"],
+                       [[a.engine, a.check, f"{a.rel_l2:.2e}", a.status, a.detail] for a in result.anchors],
+                       status_cols=(3,))]
+    for kind, title in _KIND_TITLE.items():
+        pairs = [p for p in result.pairs if p.kind == kind]
+        if pairs:
+            out.append(f"<h2>Comparisons {html.escape(title)}</h2>")
+        for p in pairs:
+            t = result.thresholds.get(p.verdict.dtype, {}).get("rel_l2")
+            out += _pair_section(p, t, plots=kind in ("reference", "pair") or p.verdict.status != "pass")
+    out.append("</body></html>")
+    return "\n".join(out)

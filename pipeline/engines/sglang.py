@@ -1,0 +1,234 @@
+"""SGLang 0.5.23: the primary serving engine, captured through its own model runner in the engine's virtualenv.
+
+How each canonical point is obtained (`pipeline.engines.sglang_plan`): boundaries through SGLang's built-in eagle3
+aux capture (`enable_return_aux_hidden_states`, `speculative_algorithm="EAGLE3"`,
+`return_aux_hidden_state_layer_ids` from `pipeline.points.to_native`, whose numbering differs between Llama and
+DeepSeek); the embedding on Llama from an exact lookup in the checkpoint's table (on DeepSeek from native id 0);
+final_norm from the post-norm states the LM head reads. The last layer's pre-norm output cannot be captured and is
+refused. After loading, the model's own `layers_to_capture` must equal the boundaries the plan expects, so a wrong
+numbering table stops the engine before any capture. Radix cache off; on CPU: `device=cpu`,
+`attention_backend=torch_native`, CUDA graphs off, plus `pipeline.engines.sglang_cpu`.
+
+Why the in-process model runner, not `sglang.Engine.generate`, with numbers (tiny Kimi bf16 twin, float32, 2-core CPU
+shared with other jobs, 64 prompts of 50-400 tokens; see bench/sglang_throughput.py for the figures of one run):
+- `Engine.generate(return_hidden_states=True)` returns hidden states as nested Python lists (pickled scheduler ->
+  tokenizer manager, then `torch.tensor(list)`): ~120-140 tok/s with aux capture vs ~240-320 tok/s for the same
+  Engine's plain prefill (max_new_tokens=1), about 0.45x. With aux capture enabled the response carries the aux
+  states *in place of* the post-norm ones, so final_norm would need a second pass (below 0.3x in total).
+- The in-process runner (`sglang.benchmark.one_batch`'s recipe, as SpecForge's target backend uses) runs the same
+  `ModelRunner.forward` the scheduler runs and keeps `LogitsProcessorOutput.hidden_states` (packed aux) and
+  `.last_hidden_states` (post-norm) as tensors from one forward: no IPC, no lists, no second pass. Measured against
+  the Engine's plain prefill on the same prompts in bench/sglang_throughput.py (ratio printed there, target >= 0.9).
+Tensor parallelism (`engine.tp_size`, GPUs only): this runner is rank 0; ranks 1.. run in processes of their own, in
+lockstep (`pipeline.engines.sglang_tp`), as SGLang's own in-process benchmark runs them. Not exercised on the CPU
+machines this was built on: SGLang 0.5.23's CPU engine cannot form TP groups (it builds an NCCL communicator on the CPU
+device), so TP > 1 on CPU is refused.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from pipeline.data.sample import PreparedSample
+from pipeline.engines.base import Capture, Engine, EngineInfo
+from pipeline.engines.sglang_plan import AUX, TABLE, CapturePlan, make_plan
+from pipeline.models.info import read_model_info
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_OPTIONS = {"device", "attention_backend", "aux_layer_ids", "max_tokens_per_forward", "mem_fraction_static",
+            "log_level", "tp_size", "python"}
+MAX_TOKENS_PER_FORWARD = 16384  # SGLang's default max_prefill_tokens
+
+
+def _device(options: dict[str, Any]) -> str:
+    device = options.get("device", "auto")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"engine.options.device={device!r}: must be 'auto', 'cpu' or 'cuda'")
+    return device
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise ValueError(f"engine.options has unknown key(s) {unknown} for engine=sglang; known: {sorted(_OPTIONS)}")
+    tp = options.get("tp_size", 1)
+    if not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"engine.tp_size={tp!r}: must be a positive integer")
+    limit = options.get("max_tokens_per_forward", MAX_TOKENS_PER_FORWARD)
+    if not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"engine.options.max_tokens_per_forward={limit!r}: must be a positive integer")
+
+
+def _refuse_quantized_on_cpu(model_path: str, quantization: dict[str, Any] | None) -> None:
+    """SGLang 0.5.23 has no CPU kernel for quantized MoE experts here; a dense twin is the honest alternative."""
+    if not quantization:
+        return
+    path = Path(model_path)
+    twin = path.with_name(path.name.replace("int4", "bf16")) if "int4" in path.name else None
+    hint = f"model.path={str(twin)!r}, " if twin is not None and twin.is_dir() else ""
+    raise ValueError(
+        f"model.path={model_path!r}: {quantization.get('quant_method')} ({quantization.get('format', '?')}) "
+        f"checkpoint, but SGLang 0.5.23 has no INT4 MoE kernel on CPU: it selects the Marlin WNA16 MoE kernel, "
+        f"which is CUDA-only (nothing is dequantized silently). Capture its dense bf16 twin instead ({hint}"
+        f"model=tiny_kimi_bf16 for the tiny target: the same weights with the INT4 experts dequantized), or run "
+        f"engine=sglang on a GPU")
+
+
+def _refuse_tp_on_cpu(tp: int) -> None:
+    if tp > 1:
+        raise ValueError(f"engine.tp_size={tp} with engine.options.device=cpu: SGLang 0.5.23's CPU engine builds an "
+                         f"NCCL communicator for its TP groups (it fails with 'Expected a cuda device, but got: "
+                         f"cpu'), so TP > 1 runs on GPUs only; use engine.tp_size=1 on CPU")
+
+
+class SGLangEngine(Engine):
+    name = "sglang"
+    environment = ".venv-sglang"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        _check_options(self.options)
+        info = read_model_info(self.model_path)
+        if info.num_layers != self.num_layers:
+            raise ValueError(f"model.path={self.model_path!r}: config.json has {info.num_layers} layers, the run "
+                             f"expects {self.num_layers}")
+        self.device = _device(self.options)
+        if self.device == "cpu":
+            _refuse_quantized_on_cpu(self.model_path, info.quantization)
+            _refuse_tp_on_cpu(int(self.options.get("tp_size", 1)))
+        self.plan: CapturePlan = make_plan(self.points, family=info.family, num_layers=self.num_layers,
+                                           aux_layer_ids=self.options.get("aux_layer_ids"))
+        self.max_tokens_per_forward = int(self.options.get("max_tokens_per_forward", MAX_TOKENS_PER_FORWARD))
+        self._session = None
+        self._table: torch.Tensor | None = None
+        self._table_key: str | None = None
+        self._compat: dict[str, Any] | None = None
+
+    def _settings(self):
+        from pipeline.engines.sglang_runner import RunnerSettings
+
+        backend = self.options.get("attention_backend") or ("torch_native" if self.device == "cpu" else None)
+        return RunnerSettings(model_path=self.model_path, dtype=self.dtype, device=self.device,
+                              aux_layer_ids=self.plan.aux_layer_ids, max_tokens_per_forward=self.max_tokens_per_forward,
+                              mem_fraction_static=self.options.get("mem_fraction_static"),
+                              attention_backend=backend, tp_size=int(self.options.get("tp_size", 1)),
+                              log_level=self.options.get("log_level", "warning"))
+
+    def start(self) -> None:
+        from pipeline.engines import sglang_runner
+
+        sglang_runner.set_platform_env(self.device)
+        if self.device == "cpu":
+            from pipeline.engines import sglang_cpu
+
+            self._compat = sglang_cpu.activate()  # before SGLang's first import in this process
+        self._session = sglang_runner.ModelRunnerSession(self._settings())
+        self._session.start()
+        self._facts = self._session.facts()
+        self._check_layers_to_capture()
+        if self._facts["kv_pool_tokens"] < self.max_tokens_per_forward:
+            raise ValueError(f"SGLang's KV pool holds {self._facts['kv_pool_tokens']} tokens, fewer than "
+                             f"engine.options.max_tokens_per_forward={self.max_tokens_per_forward}: lower it, or "
+                             f"raise engine.options.mem_fraction_static")
+        if self.plan.needs(TABLE):
+            from pipeline.engines.sglang_table import load_embedding_table
+
+            self._table_key, self._table = load_embedding_table(self.model_path, _DTYPES[self._facts["dtype"]])
+        self._session.forward([np.arange(1, 9, dtype=np.int64)])  # one-off compilations happen here, not mid-run
+
+    def _check_layers_to_capture(self) -> None:
+        got = self._facts["layers_to_capture"]
+        if got != self.plan.layers_to_capture:
+            raise RuntimeError(
+                f"SGLang {self._facts['sglang_version']} ({self._facts['model_class']}) was given aux ids "
+                f"{self.plan.aux_layer_ids} and captures at the input of layers {got}, but the numbering table "
+                f"(pipeline.points, family {self.plan.family!r}) expects {self.plan.layers_to_capture}: the table is "
+                f"wrong for this SGLang version or model class; refusing to capture shifted layers")
+
+    def _forwards(self, seqs: Sequence[np.ndarray], names: Sequence[str]) -> list[range]:
+        """Consecutive index ranges of at most max_tokens_per_forward tokens (the KV pool holds one forward)."""
+        groups, first, tokens = [], 0, 0
+        for i, (ids, name) in enumerate(zip(seqs, names)):
+            if len(ids) > self.max_tokens_per_forward:
+                raise ValueError(f"sample {name!r} has {len(ids)} tokens, more than "
+                                 f"engine.options.max_tokens_per_forward={self.max_tokens_per_forward}")
+            if i > first and tokens + len(ids) > self.max_tokens_per_forward:
+                groups.append(range(first, i))
+                first, tokens = i, 0
+            tokens += len(ids)
+        return groups + ([range(first, len(seqs))] if len(seqs) > first else [])
+
+    def _sources(self, result) -> list[torch.Tensor]:
+        """One [T, H] tensor per requested point, in request order (views; copied once per sample below)."""
+        sources = []
+        for p in self.plan.points:
+            if p.source == AUX:
+                sources.append(result.aux_TKH[:, p.column])
+            elif p.source == TABLE:
+                from pipeline.engines.sglang_table import lookup
+
+                sources.append(lookup(self._table, result.input_ids_T))
+            else:
+                sources.append(result.post_norm_TH)
+        return sources
+
+    def _capture_group(self, samples: Sequence[PreparedSample]) -> list[Capture]:
+        result = self._session.forward([np.asarray(s.input_ids_T, dtype=np.int64) for s in samples])
+        expected = [s.num_tokens for s in samples]
+        if result.lengths != expected:
+            raise RuntimeError(f"SGLang's forward batch counted {result.lengths} tokens per request, "
+                               f"the samples have {expected}")
+        sources = self._sources(result)
+        captures, start = [], 0
+        for s in samples:
+            rows = slice(start, start + s.num_tokens)
+            captures.append(Capture(sample_id=s.sample_id, input_ids_T=result.input_ids_T[rows].numpy().copy(),
+                                    hidden_states_TPH=torch.stack([src[rows] for src in sources], dim=1)))
+            start += s.num_tokens
+        return captures
+
+    def capture(self, samples: Sequence[PreparedSample]) -> list[Capture]:
+        groups = self._forwards([s.input_ids_T for s in samples], [s.sample_id for s in samples])
+        return [c for group in groups for c in self._capture_group([samples[i] for i in group])]
+
+    def forward_seconds(self, prompts: list[list[int]]) -> float:
+        """Extra (`RemoteEngine.call`): the runner's forwards alone, aux capture included, nothing moved out."""
+        seqs = [np.asarray(p, dtype=np.int64) for p in prompts]
+        start = time.perf_counter()
+        for group in self._forwards(seqs, [f"prompt {i}" for i in range(len(seqs))]):
+            self._session.forward([seqs[i] for i in group])
+        return time.perf_counter() - start
+
+    def info(self) -> EngineInfo:
+        import transformers
+
+        facts = self._facts
+        moe = facts["moe"] or {}
+        return EngineInfo(
+            framework="sglang", framework_version=facts["sglang_version"], dtype=facts["dtype"],
+            quantization={"method": facts["quantization"], "kernel": moe.get("kernel", "dense (no MoE layer)"),
+                          "moe": facts["moe"], "dequantized_at_load": False},
+            attention_backend=facts["attention_backend"],
+            parallel={"tp": facts["parallel"]["tp"], "pp": facts["parallel"]["pp"], "dp": 1},
+            libraries={"sglang": facts["sglang_version"], "torch": torch.__version__,
+                       "transformers": transformers.__version__},
+            points=self.plan.sources(self._table_key),
+            extra={"runner": "in-process sglang ModelRunner (sglang.benchmark.one_batch recipe), extend only",
+                   "model_class": facts["model_class"], "device": facts["device"],
+                   "aux_layer_ids": self.plan.aux_layer_ids, "layers_to_capture": facts["layers_to_capture"],
+                   "aux_anchor_id0_dropped": self.plan.anchor, "radix_cache": "disabled", "cuda_graph": "disabled",
+                   "kv_pool_tokens": facts["kv_pool_tokens"], "max_tokens_per_forward": self.max_tokens_per_forward,
+                   "cpu_compat": self._compat},
+        )
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+        self._table = None

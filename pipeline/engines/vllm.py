@@ -1,0 +1,271 @@
+"""vLLM: capture the canonical points through a real vLLM engine, in vLLM's own virtualenv (.venv-vllm).
+
+Design note: worker extension + forward hooks, not vLLM's native `extract_hidden_states`.
+- Coverage: hooks give every canonical point, including b0 on DeepSeek (the native aux id 0 crashes in
+  deepseek_v2.py: residual is None before layer 0) and final_norm (the native ids stop at bN, pre-norm). One mechanism
+  for every model class whose decoder layers return (hidden, residual).
+- Data path: the hooks keep [tokens, H] tensors in the worker, cut per request by the runner's own `req_ids` and
+  `query_start_loc`, joined by position across chunked-prefill steps; `collective_rpc` hands them over, with no copy
+  when vLLM's EngineCore runs in this process (the default, `engine_core_process: false`). The native method sends
+  every token through a KV connector that writes files (its async writer uses pinned memory and crashes on CPU; a
+  synchronous subclass works), i.e. one more write and read of every state; it was not benchmarked here.
+- Measured on this 2-core CPU (shared with other jobs: single timings swing up to 5x, so best-of figures): engine
+  start 3-10 s alone, ~20 s under load, with the EngineCore in this process vs ~40 s in its own process. Tiny Kimi
+  bf16, 16k tokens, 6 interleaved repeats: plain prefill 8798 tok/s, capture through the worker 8167 tok/s (0.93),
+  capture + validation + shard write 7381 tok/s (0.84); in-process, hooks armed vs removed showed no measurable cost,
+  so the gap is the transfer out of the worker and the (synchronous) shard write. Numerics vs the HF engine in
+  float32: tiny Llama <= 8e-7 relative L2, tiny Kimi <= 2.1e-6 at every point.
+
+What vLLM really ran goes into provenance, read from the loaded model inside the worker (`vllm_facts`): attention
+backend, MoE kernel, rotary path, dtypes, parallel sizes, scheduler settings.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from pipeline.data.sample import PreparedSample
+from pipeline.engines.base import Capture, Engine, EngineInfo, PointSource
+from pipeline.points import Point, family_of, to_native
+
+EXTENSION = "pipeline.engines.vllm_capture.CaptureExtension"
+# vLLM's CPU rotary kernel mis-reads the 3-D strided q_pe/k_pe views of MLA with the default rope (ENGINES.md);
+# excluding the custom op forces vLLM's PyTorch rope.
+NO_CUSTOM_ROTARY = ["all", "-rotary_embedding"]
+_NO_MOE_KERNEL = re.compile(r"No \w+ MoE backend supports")
+
+
+class NoKernelError(RuntimeError):
+    """vLLM has no kernel for this checkpoint's quantization on this machine (never replaced silently)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class VLLMOptions:
+    """`engine.options` for vLLM; unknown keys are an error (a typo must not be ignored)."""
+
+    kv_cache_space_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE; vLLM's CPU default asks for more than small machines have
+    gpu_memory_utilization: float = 0.1  # on CPU: the fraction of memory vLLM reserves
+    max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings, at most 8192 (KV cache size)
+    max_num_batched_tokens: int | None = None  # tokens per step; longer prompts are prefilled in chunks
+    attention_backend: str | None = None  # e.g. CPU_MLA; None = vLLM's choice (float32 MLA on CPU: see below)
+    disable_custom_rotary: bool = False  # the documented workaround for vLLM's CPU rotary-kernel bug
+    engine_core_process: bool = False  # True = vLLM's EngineCore in its own process (vLLM's default)
+    seed: int = 0
+    tp_size: int = 1
+    python: str | None = None  # the interpreter (used by make_engine, not here)
+
+    @classmethod
+    def parse(cls, options: dict[str, Any]) -> "VLLMOptions":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"engine.options: unknown key(s) {unknown} for engine=vllm; known: {sorted(known)}")
+        opts = cls(**options)
+        if opts.kv_cache_space_gib < 1:
+            raise ValueError(f"engine.options.kv_cache_space_gib={opts.kv_cache_space_gib!r}: must be >= 1")
+        if not 0 < opts.gpu_memory_utilization <= 1:
+            raise ValueError(f"engine.options.gpu_memory_utilization={opts.gpu_memory_utilization!r}: "
+                             f"must be in (0, 1]")
+        return opts
+
+
+def _checkpoint(model_path: str) -> dict[str, Any]:
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    return config.get("text_config") or config
+
+
+def _capture_plan(points: Sequence[Point], num_layers: int) -> list[list]:
+    """The hook of each point: b0 = layer 0's input, bk = layer k-1's output, final_norm = the norm's output."""
+    plan: list[list] = []
+    for p in points:
+        if p.is_final_norm:
+            plan.append(["final_norm", None])
+        elif p.boundary == 0:
+            plan.append(["embed", None])
+        else:
+            plan.append(["layer_out", p.boundary - 1])
+    return plan
+
+
+def _method(point: Point, num_layers: int) -> str:
+    if point.is_final_norm:
+        return "worker-extension forward hook: output of model.norm (post-norm, what the LM head reads)"
+    if point.boundary == 0:
+        return "worker-extension forward pre-hook: hidden_states input of model.layers[0] (embedding output)"
+    last = " (last layer, pre-norm)" if point.boundary == num_layers else ""
+    return f"worker-extension forward hook: model.layers[{point.boundary - 1}] output hidden + residual{last}"
+
+
+def _dense_twin(model_path: str) -> str:
+    """How to run here: the dense bf16 twin beside an INT4 checkpoint when there is one (the tiny models' layout)."""
+    path = Path(model_path).resolve()
+    twin = path.with_name(path.name.replace("int4", "bf16"))
+    if twin != path and (twin / "config.json").is_file() and "quantization_config" not in _checkpoint(str(twin)):
+        return (f"run the dense bf16 twin instead: model={twin.name.replace('-', '_')} ({twin}: the same weights "
+                f"with the INT4 experts dequantized to bf16)")
+    return "run a dense (bf16) copy of the checkpoint with its experts dequantized, or run on a GPU"
+
+
+def _explain_start_failure(error: Exception, model_path: str, checkpoint: dict[str, Any]) -> Exception:
+    quant = checkpoint.get("quantization_config")
+    if quant is None or not _NO_MOE_KERNEL.search(str(error)):
+        return error
+    return NoKernelError(
+        f"model.path={model_path!r}: the checkpoint's routed experts are {quant.get('quant_method')} "
+        f"{quant.get('format')} (INT4 weights, WNA16 MoE) and vLLM found no INT4 MoE kernel for this machine "
+        f"(vLLM: {str(error).strip()!r}). The pipeline never falls back to another kernel or to dequantized weights "
+        f"on its own; to run on this machine, {_dense_twin(model_path)}. INT4 MoE kernels run on GPUs.")
+
+
+class VLLMEngine(Engine):
+    name = "vllm"
+    environment = ".venv-vllm"
+
+    def start(self) -> None:
+        self._opts = VLLMOptions.parse(self.options)
+        self._ckpt = _checkpoint(self.model_path)
+        # Read by vLLM when the engine is created; this worker process belongs to the engine alone.
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self._opts.kv_cache_space_gib))
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if self._opts.engine_core_process else "0"
+        from vllm import LLM
+
+        try:
+            self._llm = LLM(**self._llm_kwargs())
+        except Exception as e:
+            raise _explain_start_failure(e, self.model_path, self._ckpt) from e
+        layout = self._rpc("capture_install", _capture_plan(self.points, self.num_layers))
+        if layout["num_layers"] != self.num_layers:
+            raise ValueError(f"model.path={self.model_path!r}: vLLM loaded {layout['num_layers']} decoder layers, "
+                             f"the config said {self.num_layers}")
+        self._layout, self._facts = layout, self._rpc("capture_facts")
+
+    def _attention_request(self) -> tuple[str | None, str | None]:
+        """(backend to ask vLLM for, why). AMX_MLA, vLLM's pick for MLA on AMX CPUs, takes bf16/fp16 weights only
+        and fails on float32 ("expect weight to be bfloat16, ..."), so float32 MLA asks for the reference CPU_MLA."""
+        if self._opts.attention_backend:
+            return self._opts.attention_backend, "engine.options.attention_backend"
+        from vllm.platforms import current_platform
+
+        if self.dtype == "float32" and "kv_lora_rank" in self._ckpt and current_platform.is_cpu():
+            return "CPU_MLA", "adapter: float32 MLA on CPU (AMX_MLA takes bf16/fp16 weights only)"
+        return None, None
+
+    def _llm_kwargs(self) -> dict[str, Any]:
+        o = self._opts
+        kwargs: dict[str, Any] = dict(
+            model=self.model_path, dtype=self.dtype, seed=o.seed, tensor_parallel_size=o.tp_size,
+            enforce_eager=True, enable_prefix_caching=False,  # cached prefix tokens would get no hidden states
+            gpu_memory_utilization=o.gpu_memory_utilization, max_model_len=self._max_model_len(),
+            disable_log_stats=True, worker_extension_cls=EXTENSION)
+        if o.max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = o.max_num_batched_tokens
+        backend, _ = self._attention_request()
+        if backend:
+            kwargs["attention_config"] = {"backend": backend}
+        if o.disable_custom_rotary:
+            kwargs["compilation_config"] = {"custom_ops": NO_CUSTOM_ROTARY}
+        return kwargs
+
+    def _max_model_len(self) -> int:
+        if self._opts.max_model_len is not None:
+            return self._opts.max_model_len
+        return min(int(self._ckpt.get("max_position_embeddings") or 8192), 8192)
+
+    def _rpc(self, method: str, *args: Any) -> Any:
+        return self._llm.collective_rpc(method, args=args)[0]  # rank 0 (every rank sees the full hidden states)
+
+    def capture(self, samples: Sequence[PreparedSample]) -> list[Capture]:
+        if not samples:
+            return []
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        prompts = [{"prompt_token_ids": s.input_ids_T.astype(np.int64).tolist()} for s in samples]
+        self._rpc("capture_arm")
+        # enqueue returns vLLM's internal request ids in input order: the very ids the worker's batches carry.
+        request_ids = self._llm.enqueue(prompts, params, use_tqdm=False)
+        finished = {o.request_id for o in self._llm.wait_for_completion(use_tqdm=False)}  # external ids
+        unfinished = [r for r in request_ids if r not in finished and r.rpartition("-")[0] not in finished]
+        if unfinished or len(finished) != len(request_ids):
+            raise RuntimeError(f"vLLM finished requests {sorted(finished)}; submitted {request_ids}")
+        taken = self._take(request_ids)
+        return [Capture(sample_id=s.sample_id, input_ids_T=taken[rid]["input_ids"].numpy().astype(np.int64),
+                        hidden_states_TPH=taken[rid]["hidden"])
+                for s, rid in zip(samples, request_ids)]
+
+    def plain_prefill_seconds(self, prompts: list[list[int]]) -> float:
+        """Seconds vLLM takes to prefill `prompts` (max_tokens=1) with the capture hooks removed: the baseline of
+        bench/vllm_throughput.py, on this very engine (called through `RemoteEngine.call`)."""
+        import time
+
+        from vllm import SamplingParams
+
+        self._rpc("capture_remove")
+        try:
+            start = time.perf_counter()
+            self._llm.generate([{"prompt_token_ids": p} for p in prompts],
+                               SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), use_tqdm=False)
+            return time.perf_counter() - start
+        finally:
+            self._rpc("capture_install", _capture_plan(self.points, self.num_layers))
+
+    def _take(self, request_ids: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+        if not self._opts.engine_core_process:  # same process: the worker's tensors, no copy
+            return self._rpc("capture_take", request_ids, len(self.points))
+        from safetensors.torch import load
+
+        flat = load(self._rpc("capture_take_packed", request_ids, len(self.points)))
+        taken: dict[str, dict[str, torch.Tensor]] = {}
+        for key, tensor in flat.items():
+            rid, _, name = key.rpartition("/")
+            taken.setdefault(rid, {})[name] = tensor
+        return taken
+
+    def _point_sources(self) -> list[PointSource]:
+        family = family_of(self._ckpt["model_type"])
+        ids = to_native(self.points, framework="vllm", family=family, num_layers=self.num_layers)
+        return [PointSource(point=p.label, native_id=i, method=_method(p, self.num_layers))
+                for p, i in zip(self.points, ids)]
+
+    def _quantization(self) -> dict[str, Any]:
+        f, quant = self._facts, self._ckpt.get("quantization_config") or {}
+        moe = f["moe"] or {}
+        return {"method": f["quantization"], "checkpoint_format": quant.get("format"),
+                "checkpoint": self.model_path,
+                "kernel": f"{moe.get('method')} -> {moe.get('experts_kernel')}" if moe else "dense",
+                "moe": f["moe"], "linear_methods": f["linear_methods"],
+                "dequantized_at_load": False}
+
+    def info(self) -> EngineInfo:
+        import transformers
+        import vllm
+
+        f = self._facts
+        backend, why = self._attention_request()
+        return EngineInfo(
+            framework="vllm", framework_version=vllm.__version__, dtype=f["model_dtype"],
+            quantization=self._quantization(), attention_backend=f["attention"]["backend"],
+            parallel=f["parallel"],
+            libraries={"vllm": vllm.__version__, "torch": torch.__version__, "transformers": transformers.__version__},
+            points=self._point_sources(),
+            extra={**self._layout, "attention": f["attention"], "attention_requested": {"backend": backend, "by": why},
+                   "rotary": f["rotary"], "disable_custom_rotary": self._opts.disable_custom_rotary,
+                   "custom_ops": f["custom_ops"], "scheduler": f["scheduler"], "device": f["device"],
+                   "parameter_dtypes": f["parameter_dtypes"],
+                   "engine_core": "own process" if self._opts.engine_core_process else "in the adapter's process",
+                   "environment": {k: os.environ.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE",
+                                                                  "VLLM_CPU_OMP_THREADS_BIND")},
+                   "capture": "worker extension (forward hooks), sliced per request by query_start_loc",
+                   "options": asdict(self._opts)})
+
+    def close(self) -> None:
+        llm = self.__dict__.pop("_llm", None)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()  # stops an EngineCore process, if any, and frees the KV cache

@@ -1,0 +1,172 @@
+"""The Ray executor: one actor per engine replica, units handed to replicas as they free up.
+
+The stages are the same as the local executor's; Ray is imported only here. Each actor builds its own engine from the
+`EngineSpec` (an engine that needs its own virtualenv runs in a worker process beside the actor, exactly as locally).
+An actor that dies mid-unit (engine crash, OOM, kill -9) is restarted by Ray and the unit retried on it, up to
+`runner.max_retries` times; a unit that keeps failing fails the run, which then writes no manifest.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from pathlib import Path
+from typing import Any, Sequence
+
+from pipeline.config import RunnerConfig
+from pipeline.data.sample import PreparedSample
+from pipeline.engines.base import Capture, EngineInfo
+from pipeline.run.capture import StageSettings, UnitResult, finished_unit
+from pipeline.run.local import EngineSpec
+from pipeline.run.progress import RunProgress
+
+log = logging.getLogger(__name__)
+# Without the first, Ray replaces 127.0.0.1 by the machine's routable address; nothing here may leave loopback.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+FORWARDED_ENV = ("PIPELINE_MODELS_DIR", "SGLANG_USE_CPU_ENGINE", "VLLM_CPU_KVCACHE_SPACE")
+
+
+class UnitsFailed(RuntimeError):
+    """Some units could not be captured after all retries; the run has no manifest."""
+
+
+class CaptureActor:
+    """One engine replica. Wrapped by `ray.remote` at run time, so importing this module needs no Ray."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        from pipeline.run.capture import CaptureStage
+
+        self.engine = spec.make()
+        self.engine.start()
+        self._stage_cls = CaptureStage
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def info(self) -> EngineInfo:
+        return self.engine.info()
+
+    def probe(self, samples: Sequence[PreparedSample]) -> list[Capture]:
+        return self.engine.capture(samples)
+
+    def run_unit(self, settings: StageSettings, run_dir: str, index: int,
+                 samples: Sequence[PreparedSample]) -> UnitResult:
+        from pipeline.engines.remote import EngineWorkerError
+
+        try:
+            return self._stage_cls(engine=self.engine, settings=settings).run_unit(Path(run_dir), index, samples)
+        except EngineWorkerError:
+            # The engine process is gone: end this actor so Ray restarts it (a fresh engine) and retries the unit.
+            log.exception("engine died during unit %d; restarting the actor", index)
+            os._exit(1)
+
+
+class RayExecutor:
+    def __init__(self, spec: EngineSpec, cfg: RunnerConfig) -> None:
+        self.spec, self.cfg = spec, cfg
+        self.actors: list[Any] = []
+        self._started_ray = False
+
+    def _init_ray(self):
+        for key, value in LOOPBACK_ENV.items():
+            os.environ.setdefault(key, value)
+        import ray
+
+        if not ray.is_initialized():
+            env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+            kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": True}
+            if self.cfg.address is None:  # a local cluster, loopback only
+                kwargs.update(_node_ip_address="127.0.0.1", include_dashboard=False)
+            ray.init(address=self.cfg.address, **kwargs)
+            self._started_ray = True
+        return ray
+
+    def __enter__(self) -> "RayExecutor":
+        ray = self._init_ray()
+        actor_cls = ray.remote(CaptureActor).options(
+            num_cpus=self.cfg.cpus_per_replica, num_gpus=self.cfg.gpus_per_replica,
+            max_restarts=self.cfg.max_retries, max_task_retries=self.cfg.max_retries)
+        self.actors = [actor_cls.remote(self.spec) for _ in range(self.cfg.num_replicas)]
+        infos = ray.get([a.info.remote() for a in self.actors])
+        self._info = _same_everywhere(infos)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+        if self._started_ray:
+            ray.shutdown()
+
+    def engine_info(self) -> EngineInfo:
+        return self._info
+
+    def probe(self, samples: Sequence[PreparedSample]) -> list[Capture]:
+        import ray
+
+        return ray.get(self.actors[0].probe.remote(list(samples)))
+
+    def actor_pids(self) -> list[int]:
+        import ray
+
+        return ray.get([a.pid.remote() for a in self.actors])
+
+    def run(self, settings: StageSettings, run_dir: Path,
+            units: Sequence[Sequence[PreparedSample]]) -> list[UnitResult]:
+        import ray
+
+        results: dict[int, UnitResult] = {}
+        with RunProgress(units) as progress:
+            todo = deque()
+            for index, unit in enumerate(units):
+                done = finished_unit(run_dir, index)
+                if done is None:
+                    todo.append(index)
+                else:
+                    results[index] = done
+                    progress.unit_done(done, len(unit))
+            failures = self._dispatch(ray, settings, run_dir, units, todo, results, progress)
+        if failures:
+            raise UnitsFailed("; ".join(f"unit {i} ({units[i][0].sample_id}...): {err}"
+                                        for i, err in sorted(failures.items())))
+        return [results[i] for i in range(len(units))]
+
+    def _dispatch(self, ray, settings, run_dir, units, todo, results, progress) -> dict[int, str]:
+        inflight: dict[Any, tuple[Any, int]] = {}
+        failures: dict[int, str] = {}
+
+        def submit(actor) -> None:
+            if todo:
+                index = todo.popleft()
+                inflight[actor.run_unit.remote(settings, str(run_dir), index, list(units[index]))] = (actor, index)
+
+        for actor in self.actors:
+            submit(actor)
+        while inflight:
+            (ref,), _ = ray.wait(list(inflight), num_returns=1)
+            actor, index = inflight.pop(ref)
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayError as e:  # Ray's own retries on restarted actors are spent
+                failures[index] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+                log.error("unit %d failed after %d retries: %s", index, self.cfg.max_retries, failures[index])
+                if isinstance(e, ray.exceptions.RayActorError):
+                    continue  # that replica is gone for good: hand its share to the others
+            else:
+                results[index] = result
+                progress.unit_done(result, len(units[index]))
+            submit(actor)
+        for index in todo:  # every replica died
+            failures[index] = "no live engine replica left"
+        return failures
+
+
+def _same_everywhere(infos: list[EngineInfo]) -> EngineInfo:
+    """Every replica must report the same engine; a mixed cluster would make one run's shards disagree."""
+    first = infos[0]
+    for i, info in enumerate(infos[1:], start=1):
+        if info != first:
+            raise RuntimeError(f"engine replica {i} reports {info} but replica 0 reports {first}")
+    return first

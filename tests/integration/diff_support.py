@@ -1,0 +1,37 @@
+"""Helpers shared by the diff tests: compose the real config once per module, and a second Python environment."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from pipeline.config import register_configs
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL_PROBE = ["diff.probe.num_samples=3", "diff.probe.max_tokens=64"]
+
+
+def composed(*overrides: str):
+    """The composed config, exactly as `python -m pipeline.diff` / `pipeline.extract` see it (module-scope safe)."""
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            return compose(config_name="config", overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def second_python(root: Path) -> str:
+    """A virtualenv of its own that sees this environment's packages: make_engine runs an engine whose
+    options.python names it in a worker process (as it runs vLLM and SGLang in theirs)."""
+    venv = root / "venv-other"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    here = next(p for p in sys.path if p.endswith("site-packages") and Path(p).resolve().is_relative_to(
+        Path(sys.prefix).resolve()))
+    (site / "pipeline_parent.pth").write_text(f"import site; site.addsitedir({here!r})\n")
+    return str(venv / "bin" / "python")

@@ -1,0 +1,82 @@
+"""Engines with injected errors, built on the real HF engine, registered by tests (never by the pipeline itself).
+
+- `hf-remap` (options.remap = {claimed: captured}): claims the requested points but captures others in their slots,
+  e.g. {b4: b5} (a +1 convention error) or {b1: b4, b4: b1} (two points swapped); "zeros" captures nothing there.
+- `hf-positions` (options.position_shift = k): a rope/position bug like vLLM's CPU rotary kernel on MLA: every
+  position after the first is rotated as if it were `k x batch size` further on, so position 0 is exact and the
+  error depends on what else is in the batch.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from pipeline.data.sample import PreparedSample
+from pipeline.engines.base import Capture, EngineInfo, register
+from pipeline.engines.hf import HFEngine
+from pipeline.points import Point, parse_point
+
+TARGETS = {"hf-remap": f"{__name__}:RemapHF", "hf-positions": f"{__name__}:PositionBugHF"}
+
+
+def register_all() -> None:
+    for name, target in TARGETS.items():
+        register(name, target)
+
+
+class RemapHF(HFEngine):
+    name = "hf-remap"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.claimed = list(self.points)
+        remap = {str(k): str(v) for k, v in (self.options.get("remap") or {}).items()}
+        self.zeroed = {i for i, p in enumerate(self.claimed) if remap.get(p.label) == "zeros"}
+        self.points = [p if remap.get(p.label) in (None, "zeros") else parse_point(remap[p.label],
+                                                                                  num_layers=self.num_layers)
+                       for p in self.claimed]
+
+    def capture(self, samples: Sequence[PreparedSample]) -> list[Capture]:
+        out = super().capture(samples)
+        for c in out:
+            for i in self.zeroed:
+                c.hidden_states_TPH[:, i] = 0
+        return out
+
+    def info(self) -> EngineInfo:
+        info = super().info()
+        for source, claimed in zip(info.points, self.claimed):
+            source.point = claimed.label  # the claim, as a mistaken adapter would report it
+        return info
+
+
+class PositionBugHF(HFEngine):
+    name = "hf-positions"
+
+    def _forward(self, samples: Sequence[PreparedSample]):
+        lengths = [s.num_tokens for s in samples]
+        ids = torch.full((len(samples), max(lengths)), self._pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, s in enumerate(samples):
+            ids[i, : lengths[i]] = torch.from_numpy(s.input_ids_T.astype(np.int64))
+            mask[i, : lengths[i]] = 1
+        positions = torch.arange(ids.shape[1])[None].expand_as(ids)
+        positions = positions + (positions > 0) * int(self.options.get("position_shift", 1)) * len(samples)
+        seen: dict[str, torch.Tensor] = {}
+
+        def hook(_module, args, output) -> None:
+            seen["pre_norm"], seen["post_norm"] = args[0], output
+
+        handle = self._norm.register_forward_hook(hook)
+        try:
+            with torch.inference_mode():
+                out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                 output_hidden_states=True, use_cache=False, logits_to_keep=1)
+        finally:
+            handle.remove()
+        return out.hidden_states, seen
+
+
+__all__ = ["RemapHF", "PositionBugHF", "register_all", "Point"]

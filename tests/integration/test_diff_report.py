@@ -1,0 +1,79 @@
+"""`python -m pipeline.diff` as a user runs it: verdict table, report.json / report.md / report.html, and the HTML
+rendered by headless Chromium without console errors (a screenshot is taken)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from diff_support import REPO, SMALL_PROBE, composed
+from pipeline.compare.stage import run_diff
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--enable-logging=stderr", "--v=0", "--window-size=1400,2400"]
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory, models_root):
+    out = tmp_path_factory.mktemp("diff-cli") / "report"
+    proc = subprocess.run([sys.executable, "-m", "pipeline.diff", f"out_dir={out}", *SMALL_PROBE,
+                           f"hydra.run.dir={out.parent / 'logs'}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    return out, proc
+
+
+def test_the_default_diff_prints_a_verdict(cli_run):
+    out, proc = cli_run
+    assert proc.returncode == 0, proc.stderr[-3000:]  # warn is not a failure
+    assert "diff verdict: WARN" in proc.stdout
+    assert "hf@bfloat16 vs hf@float32" in proc.stdout and "routing flips" in proc.stdout
+    assert f"report: {out.resolve()}/report.html" in proc.stdout
+
+
+def test_report_files_parse(cli_run):
+    out, _ = cli_run
+    report = json.loads((out / "report.json").read_text())
+    assert report["format"] == "pipeline.diff/1" and report["status"] == "warn"
+    assert [e["label"] for e in report["engines"]] == ["hf@float32", "hf@bfloat16"]
+    assert report["engines"][1]["info"]["dtype"] == "bfloat16" and report["model"]["moe_layers"] == list(range(2, 9))
+    ref_pair = next(p for p in report["pairs"] if p["kind"] == "reference")
+    assert ref_pair["routing_flips"] and len(ref_pair["points"]["b1"]["profile"]) == 64
+    assert report["alignment"][0]["status"] == "ok" and len(report["alignment"][0]["distances"]) == 10
+    md = (out / "report.md").read_text()
+    assert md.startswith("# Cross-framework diff: WARN")
+    assert "| point | status | rel L2 | p50 tok |" in md and "## Alignment: hf@bfloat16 against hf@float32 (ok)" in md
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 4  # overview, alignment, per-point, per-position
+    assert "<script" not in html and "http://" not in html and "https://" not in html  # self-contained
+
+
+def test_the_html_renders_in_headless_chromium(cli_run, tmp_path):
+    out, _ = cli_run
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (scripts/setup.sh installs Debian's chromium when run as root)")
+    shot = tmp_path / "report.png"
+    proc = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+                           f"--screenshot={shot}", (out / "report.html").resolve().as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], console
+    assert shot.stat().st_size > 20_000  # a rendered page with plots, not a blank one
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_engine_that_cannot_start_is_reported_not_fatal(tmp_path, models_root):
+    outcome = run_diff(composed(f"out_dir={tmp_path}", *SMALL_PROBE, "diff.html=false",
+                                "diff.engines=[{name:hf,label:broken,options:{python:/nowhere/bin/python}}]"))
+    result = outcome.result
+    assert result.status == "fail"
+    assert result.failures[0].startswith("engine broken did not run: FileNotFoundError: engine='hf' runs in its own "
+                                         "environment, but /nowhere/bin/python does not exist")
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["engines"][1]["error"] and report["status"] == "fail"

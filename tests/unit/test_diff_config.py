@@ -1,0 +1,94 @@
+"""The diff's configuration: conf/diff/default.yaml, engine entries, presets, validation naming field and value."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from pipeline.compare.checkpoint import moe_layers
+from pipeline.compare.entries import engine_config, engine_specs, entry, reference_spec
+from pipeline.compare.spec import SpecError, parse_spec, unique
+from pipeline.config import ConfigError, DiffConfig, to_config
+from pipeline.models.info import ModelInfo
+
+
+def test_the_yaml_is_the_schema_default(compose_cfg):
+    cfg = to_config(compose_cfg())
+    assert dataclasses.asdict(cfg.diff) == dataclasses.asdict(DiffConfig())
+    assert (cfg.diff.reference, cfg.diff.engines, cfg.diff.gate) == ("hf@float32", ["hf@bfloat16"], "stop")
+
+
+def test_engine_entries_as_strings_and_mappings(compose_cfg):
+    cfg = to_config(compose_cfg("diff.engines=[sglang,vllm@bfloat16,{name:hf,dtype:float32,label:hf-w,"
+                                "options:{python:/x/bin/python}}]", "diff.reference=hf"))
+    ref = reference_spec(cfg.diff.reference)
+    specs = engine_specs(cfg.diff.engines, "diff.engines", ref)
+    assert [s.display for s in specs] == ["sglang", "vllm@bfloat16", "hf-w"]
+    assert specs[2].options == {"python": "/x/bin/python"} and specs[2].dtype == "float32"
+
+
+def test_an_entry_equal_to_the_reference_is_the_reference():
+    ref = parse_spec("hf@float32", "r")
+    assert engine_specs(["hf@float32", "hf@bfloat16"], "diff.engines", ref) == [parse_spec("hf@bfloat16", "e")]
+    with pytest.raises(ConfigError, match="both called 'hf@float32'; give one a label"):
+        engine_specs([{"name": "hf", "dtype": "float32", "options": {"python": "/p"}}], "diff.engines", ref)
+    assert len(unique([parse_spec("hf", "a"), parse_spec("hf", "b")])) == 1
+
+
+@pytest.mark.parametrize("override, match", [
+    ("diff.gate=maybe", r"diff\.gate='maybe'"),
+    ("diff.engines=[hf@fp64]", r"diff\.engines\[0\]='hf@fp64': dtype 'fp64' must be one of"),
+    ("diff.engines=[{dtype:float32}]", r"an engine entry needs a name"),
+    ("diff.engines=[{name:hf,colour:red}]", r"unknown key\(s\) \['colour'\]"),
+    ("diff.reference=''", r"diff\.reference=''"),
+    ("diff.alignment.ambiguous=ignore", r"diff\.alignment\.ambiguous='ignore'"),
+    ("diff.probe.alone=9", r"diff\.probe\.alone=9"),
+    ("diff.gate_probe.repeats=0", r"diff\.gate_probe\.repeats=0"),
+    ("diff.points=some", r"diff\.points='some'"),
+    ("diff.thresholds.bfloat16.top1=1.5", r"diff\.thresholds\.bfloat16\.top1=1\.5"),
+])
+def test_field_checks_name_field_and_value(compose_cfg, override, match):
+    with pytest.raises(ValueError, match=match):
+        to_config(compose_cfg(override))
+
+
+def test_thresholds_are_keyed_by_compute_dtype():
+    from pipeline.config import Thresholds
+
+    with pytest.raises(ValueError, match=r"diff\.thresholds='int8': keys are compute dtypes"):
+        DiffConfig(thresholds={"int8": Thresholds(rel_l2=1, cosine=0, top1=0, kl=1)})
+
+
+def test_an_entry_starts_from_its_engine_preset():
+    hf = engine_config(parse_spec("hf@bfloat16", "e"), "e")
+    assert (hf.name, hf.dtype, hf.batch_size, hf.options) == ("hf", "bfloat16", 8, {"attn_implementation": "sdpa"})
+    custom = engine_config(parse_spec({"name": "hf", "batch_size": 2, "options": {"attn_implementation": "eager"}},
+                                      "e"), "e")
+    assert (custom.dtype, custom.batch_size, custom.options) == ("auto", 2, {"attn_implementation": "eager"})
+    unknown = engine_config(parse_spec("someday@float32", "e"), "e")  # no preset: EngineConfig defaults
+    assert (unknown.name, unknown.dtype, unknown.options) == ("someday", "float32", {})
+
+
+def _model(tmp_path: Path) -> ModelInfo:
+    return ModelInfo(path=tmp_path, model_type="llama", architecture="LlamaForCausalLM", family="llama",
+                     num_layers=4, hidden_size=64, torch_dtype="bfloat16", quantization=None)
+
+
+def test_unknown_engines_fail_before_anything_starts(tmp_path):
+    with pytest.raises(ConfigError, match=r"diff\.engines\[0\]: engine='tensorrt' is unknown; known engines: "):
+        entry(parse_spec("tensorrt", "e"), role="engine", model=_model(tmp_path), points=[], where="diff.engines[0]")
+    with pytest.raises(ConfigError, match="model_path='/nowhere'"):
+        entry(parse_spec({"name": "hf", "model_path": "/nowhere"}, "e"), role="engine", model=_model(tmp_path),
+              points=[], where="diff.engines[0]")
+    with pytest.raises(SpecError):
+        parse_spec(3, "diff.engines[0]")
+
+
+def test_moe_layers_from_the_model_config():
+    kimi = {"text_config": {"num_hidden_layers": 61, "n_routed_experts": 384, "first_k_dense_replace": 1,
+                            "moe_layer_freq": 1}}
+    assert moe_layers(kimi) == set(range(2, 62))  # layer k sits between b(k-1) and b(k); layer 1 is dense
+    assert moe_layers({"num_hidden_layers": 4, "num_local_experts": 8}) == {1, 2, 3, 4}
+    assert moe_layers({"num_hidden_layers": 4, "num_experts": 8, "mlp_only_layers": [0]}) == {2, 3, 4}
+    assert moe_layers({"num_hidden_layers": 4}) == set()
