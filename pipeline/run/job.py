@@ -35,6 +35,7 @@ class RunSummary:
     points: list[str]
     resumed_shards: int
     seconds: float
+    capture_seconds: float  # units only: no engine start, no gate (what runners are compared on)
     gate: GateOutcome  # the diff gate's verdict, report directory and cost
 
 
@@ -121,7 +122,9 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
         settings = StageSettings(points=run.points, hidden_size=run.model.hidden_size,
                                  batch_size=cfg.engine.batch_size, storage_dtype=cfg.runner.storage_dtype,
                                  metadata=provenance.compact(prov))
+        capture_started = time.perf_counter()
         results = executor.run(settings, run.out_dir, units)
+        capture_seconds = time.perf_counter() - capture_started
     manifest = _manifest(run, prov, results, prepared)
     write_manifest(run.out_dir, manifest)
     if gate is not None:
@@ -129,4 +132,4 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
     return RunSummary(out_dir=run.out_dir, num_samples=manifest["num_samples"], num_tokens=manifest["num_tokens"],
                       num_shards=len(manifest["shards"]), num_rejects=manifest["rejects"]["total"],
                       points=manifest["points"], resumed_shards=sum(r.skipped for r in results),
-                      seconds=time.perf_counter() - started, gate=outcome)
+                      seconds=time.perf_counter() - started, capture_seconds=capture_seconds, gate=outcome)
