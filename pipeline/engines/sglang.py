@@ -9,16 +9,21 @@ refused. After loading, the model's own `layers_to_capture` must equal the bound
 numbering table stops the engine before any capture. Radix cache off; on CPU: `device=cpu`,
 `attention_backend=torch_native`, CUDA graphs off, plus `pipeline.engines.sglang_cpu`.
 
-Why the in-process model runner, not `sglang.Engine.generate`, with numbers (tiny Kimi bf16 twin, float32, 2-core CPU
-shared with other jobs, 64 prompts of 50-400 tokens; see bench/sglang_throughput.py for the figures of one run):
-- `Engine.generate(return_hidden_states=True)` returns hidden states as nested Python lists (pickled scheduler ->
-  tokenizer manager, then `torch.tensor(list)`): ~120-140 tok/s with aux capture vs ~240-320 tok/s for the same
-  Engine's plain prefill (max_new_tokens=1), about 0.45x. With aux capture enabled the response carries the aux
-  states *in place of* the post-norm ones, so final_norm would need a second pass (below 0.3x in total).
-- The in-process runner (`sglang.benchmark.one_batch`'s recipe, as SpecForge's target backend uses) runs the same
-  `ModelRunner.forward` the scheduler runs and keeps `LogitsProcessorOutput.hidden_states` (packed aux) and
-  `.last_hidden_states` (post-norm) as tensors from one forward: no IPC, no lists, no second pass. Measured against
-  the Engine's plain prefill on the same prompts in bench/sglang_throughput.py (ratio printed there, target >= 0.9).
+Why the in-process model runner, not `sglang.Engine.generate`, with numbers (tiny Kimi bf16 twin; a 2-core CPU shared
+with 2-3 other jobs, so single figures swing by 2x: compare rounds run side by side):
+- `Engine.generate(return_hidden_states=True)` returns hidden states as nested Python lists (the scheduler pickles
+  them to the tokenizer manager; the caller rebuilds tensors). With aux capture enabled the response carries the aux
+  states *in place of* the post-norm ones, so final_norm needs a second pass. Measured: aux lists 115-140 tok/s vs
+  240-270 tok/s plain prefill (0.45-0.5x, float32, 64 prompts of 50-400 tokens); lists -> tensors alone costs
+  0.17 us per float (2.8 s for 16k tokens x 1024 floats), which at Kimi's width (7168 x 4 aux floats per token) is
+  ~5 ms per token: a ceiling near 200 tok/s whatever the GPUs do.
+- The in-process runner (`sglang.benchmark.one_batch`'s recipe, which SpecForge's target backend also uses) runs the
+  same `ModelRunner.forward` the scheduler runs (the tests show its final states equal `Engine.generate`'s exactly)
+  and keeps `LogitsProcessorOutput.hidden_states` (packed aux) and `.last_hidden_states` (post-norm) as tensors from
+  one forward: no lists, no second pass. bench/sglang_throughput.py, same 75 prompts (16,107 tokens), bf16,
+  alternating rounds: Engine plain prefill 314-378 tok/s; capture+write through the pipeline (aux + final norm +
+  embedding, worker transfer, validation, shard files) 273-638 tok/s; best-of ratio 1.69, per-round ratios
+  0.72 / 1.06 / 2.03 (median 1.06; target >= 0.9).
 Tensor parallelism (`engine.tp_size`, GPUs only): this runner is rank 0; ranks 1.. run in processes of their own, in
 lockstep (`pipeline.engines.sglang_tp`), as SGLang's own in-process benchmark runs them. Not exercised on the CPU
 machines this was built on: SGLang 0.5.23's CPU engine cannot form TP groups (it builds an NCCL communicator on the CPU

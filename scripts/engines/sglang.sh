@@ -29,9 +29,16 @@ constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 printf '%s\n' "${TORCH[@]}" > "$constraints"
 "${PIP[@]}" "${TORCH[@]}"
-"${PIP[@]}" --no-deps sglang==0.5.23
-# --no-warn-conflicts: pip would list every sglang requirement left out on purpose (the CUDA kernels) as a conflict.
-"${PIP[@]}" --no-warn-conflicts -c "$constraints" "${RUNTIME_DEPS[@]}"
+if nvidia-smi -L >/dev/null 2>&1; then
+    # A GPU machine: SGLang with its full dependency set (sgl-kernel, flashinfer, ...). Not exercised on the CPU
+    # machines this script was written on.
+    "${PIP[@]}" -c "$constraints" sglang==0.5.23
+else
+    # CPU: no sgl-kernel build exists on PyPI (pipeline.engines.sglang_cpu stands in for it at import time).
+    "${PIP[@]}" --no-deps sglang==0.5.23
+    # --no-warn-conflicts: pip would list every sglang requirement left out on purpose (CUDA kernels) as a conflict.
+    "${PIP[@]}" --no-warn-conflicts -c "$constraints" "${RUNTIME_DEPS[@]}"
+fi
 # The worker imports `pipeline` (engines.worker/wire/base, points, data.sample, the adapter) from this checkout;
 # --no-deps keeps the pipeline's own torch pin (the CPU 2.13 build) out of this environment.
 "${PIP[@]}" --no-deps --no-warn-conflicts -e .
