@@ -8,22 +8,31 @@
 """
 from __future__ import annotations
 
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
 from pipeline.data.sample import PreparedSample
+from pipeline.engines import base
 from pipeline.engines.base import Capture, EngineInfo, register
 from pipeline.engines.hf import HFEngine
-from pipeline.points import Point, parse_point
+from pipeline.points import parse_point
 
 TARGETS = {"hf-remap": f"{__name__}:RemapHF", "hf-positions": f"{__name__}:PositionBugHF"}
 
 
-def register_all() -> None:
+@contextmanager
+def registered() -> Iterator[None]:
+    """The faulty engines in the registry for the duration (the registry is process-wide: leave it as found)."""
     for name, target in TARGETS.items():
         register(name, target)
+    try:
+        yield
+    finally:
+        for name in TARGETS:
+            base._REGISTRY.pop(name, None)
 
 
 class RemapHF(HFEngine):
@@ -79,4 +88,4 @@ class PositionBugHF(HFEngine):
         return out.hidden_states, seen
 
 
-__all__ = ["RemapHF", "PositionBugHF", "register_all", "Point"]
+__all__ = ["RemapHF", "PositionBugHF", "registered"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from diff_support import SMALL_PROBE, composed, second_python
-from faulty_engines import register_all
+from faulty_engines import registered
 from pipeline.compare.stage import run_diff
 
 pytestmark = pytest.mark.integration
@@ -14,7 +14,8 @@ NO_SELF_CHECKS = ["diff.probe.repeats=1", "diff.probe.alone=0"]  # where determi
 
 @pytest.fixture(scope="module", autouse=True)
 def _faulty_engines():
-    register_all()
+    with registered():
+        yield
 
 
 def diff(tmp_path_factory, *overrides: str):

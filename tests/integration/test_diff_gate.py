@@ -8,7 +8,7 @@ import pytest
 from safetensors import safe_open
 
 from diff_support import composed
-from faulty_engines import register_all
+from faulty_engines import registered
 from pipeline.compare.gate import DiffGateError
 from pipeline.run.job import run_extract
 
@@ -18,7 +18,8 @@ SMALL = ["data.limit=6", "data.max_length=96", "runner.max_samples_per_shard=3",
 
 @pytest.fixture(scope="module", autouse=True)
 def _faulty_engines():
-    register_all()
+    with registered():
+        yield
 
 
 def extract(out, *overrides):
