@@ -11,7 +11,7 @@ stamp=.venv/.installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -
 if [ ! -f "$stamp" ]; then
     # torch first and pinned: the CPU build on this machine's disk; an unpinned torch would pull a CUDA build.
     .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
-    .venv/bin/pip install -q --disable-pip-version-check -e ".[dev]"
+    .venv/bin/pip install -q --disable-pip-version-check -e ".[dev,ray]"
     if .venv/bin/pip show -q torchvision 2>/dev/null; then
         .venv/bin/pip uninstall -y -q torchvision
     fi

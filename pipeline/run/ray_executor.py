@@ -70,7 +70,11 @@ class RayExecutor:
     def _init_ray(self):
         for key, value in LOOPBACK_ENV.items():
             os.environ.setdefault(key, value)
-        import ray
+        try:
+            import ray
+        except ImportError as e:
+            raise RuntimeError("runner=ray needs Ray in this environment: pip install -e '.[ray]' "
+                               "(scripts/setup.sh installs it)") from e
 
         if not ray.is_initialized():
             env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
