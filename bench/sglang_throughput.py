@@ -6,7 +6,8 @@
 Plain prefill: the real serving path, `sglang.Engine.generate(max_new_tokens=1)` over all prompts at once, no capture
 (`pipeline.engines.sglang_serving`, its own process). Capture+write: the pipeline's capture stage through
 `make_engine("sglang")` (SGLang's model runner in the engine's worker, aux capture + final norm + embedding, transfer
-to this process, validation, safetensors + parquet shard writes). Runner forward: the same runner's forwards alone
+to this process, validation, safetensors + parquet shard writes; shard k written while unit k+1 is captured, in
+units of --tokens-per-shard). Runner forward: the same runner's forwards alone
 (`engine.call("forward_seconds")`: aux capture included, nothing transferred or written), which isolates the
 pipeline's own overhead. All are started once and kept alive (the Engine sleeps when idle); rounds alternate between
 them (this machine's CPUs are shared), best of --repeats. Target: capture+write / Engine plain prefill >= 0.9.
@@ -20,34 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-BUNDLED = REPO / "pipeline" / "data" / "bundled" / "conversations.jsonl"
-
-
-def prepared_samples(model_path: Path, copies: int, work: Path):
-    from transformers import AutoTokenizer
-
-    from pipeline.data.prepare import prepare
-
-    lines = [line for line in BUNDLED.read_text().splitlines() if line.strip()]
-    data = work / "prompts.jsonl"
-    data.write_text("\n".join(lines * copies) + "\n")
-    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-    return prepare(data, tokenizer, max_length=2048, length_policy="truncate", limit=None).samples
-
-
-def capture_and_write(engine, samples, settings, run_dir: Path) -> float:
-    from pipeline.run.capture import CaptureStage
-    from pipeline.shards.plan import plan_units
-
-    stage = CaptureStage(engine=engine, settings=settings)
-    units = plan_units(samples, max_tokens_per_shard=65536, max_samples_per_shard=1024)
-    start = time.perf_counter()
-    for index, unit in enumerate(units):
-        result = stage.run_unit(run_dir, index, unit)
-        if result.rejects:
-            raise SystemExit(f"unit {index}: {len(result.rejects)} rejected, first: {result.rejects[0].detail}")
-    return time.perf_counter() - start
+from common import capture_and_write, prepared_samples
 
 
 def runner_forward_seconds(engine, samples, batch_size: int) -> float:
@@ -76,6 +50,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--copies", type=int, default=1, help="copies of the bundled conversations")
     ap.add_argument("--batch-size", type=int, default=64, help="engine.batch_size of the pipeline")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tokens-per-shard", type=int, default=4096, help="runner.max_tokens_per_shard")
     ap.add_argument("--lists", action="store_true", help="also time Engine + return_hidden_states (Python lists)")
     return ap.parse_args()
 
@@ -101,7 +76,8 @@ def alternate(args, path: Path, info, samples, work: Path) -> tuple[dict[str, li
         for r in range(args.repeats):
             seconds["Engine plain prefill"].append(served.time_prefill()["seconds"])
             seconds["runner forward"].append(runner_forward_seconds(engine, samples, args.batch_size))
-            seconds["capture+write"].append(capture_and_write(engine, samples, settings, work / f"run-{r}"))
+            seconds["capture+write"].append(capture_and_write(engine, samples, settings, work / f"run-{r}",
+                                                                   args.tokens_per_shard))
             print(f"repeat {r}: " + " | ".join(f"{k} {tokens / v[-1]:6.0f} tok/s ({v[-1]:.2f} s)"
                                                for k, v in seconds.items()))
         return seconds, engine.info().extra["aux_layer_ids"]

@@ -1,16 +1,19 @@
 """The capture stage: one work unit (the samples of one shard) -> engine batches -> validation -> one shard.
 
-A stage knows nothing of how it is run; executors (local here, Ray later) hand it units and skip finished ones.
+A stage knows nothing of how it is run; executors (local, Ray) hand it units and skip finished ones. A unit has two
+halves: `capture` (the engine's) and `write` (validation, safetensors + parquet, checksums: the driver's CPU). An
+engine computes in its own process or on a GPU, so `run_units` writes unit k while the engine captures unit k+1.
 """
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from pipeline.data.prepare import read_rejects, write_rejects
 from pipeline.data.sample import PreparedSample, Reject
-from pipeline.engines.base import Engine
+from pipeline.engines.base import Capture, Engine
 from pipeline.points import Point
 from pipeline.shards.layout import file_sha256, shard_name
 from pipeline.shards.validate import capture_reject
@@ -65,12 +68,18 @@ class CaptureStage:
     engine: Engine
     settings: StageSettings
 
-    def run_unit(self, run_dir: Path, index: int, samples: Sequence[PreparedSample]) -> UnitResult:
+    def capture(self, samples: Sequence[PreparedSample]) -> dict[str, Capture]:
+        """The engine's half of a unit: sample id -> capture (a sample the engine dropped is simply absent)."""
         captures = {}
-        cfg = self.settings
-        for batch in _batches(samples, cfg.batch_size):
+        for batch in _batches(samples, self.settings.batch_size):
             for sample, capture in zip(batch, self.engine.capture(batch)):
                 captures[sample.sample_id] = capture
+        return captures
+
+    def write(self, run_dir: Path, index: int, samples: Sequence[PreparedSample],
+              captures: Mapping[str, Capture]) -> UnitResult:
+        """The driver's half: validate every capture against its prepared sample, write the shard and its rejects."""
+        cfg = self.settings
         items, rejects = [], []
         for sample in samples:
             capture = captures.get(sample.sample_id)
@@ -91,3 +100,25 @@ class CaptureStage:
             entry = write_shard(run_dir, index, items, points=[p.label for p in cfg.points],
                                 storage_dtype=cfg.storage_dtype, metadata=cfg.metadata)
         return UnitResult(index=index, entry=entry, rejects=rejects)
+
+    def run_unit(self, run_dir: Path, index: int, samples: Sequence[PreparedSample]) -> UnitResult:
+        return self.write(run_dir, index, samples, self.capture(samples))
+
+
+def run_units(stage: CaptureStage, run_dir: Path, units: Iterable[tuple[int, Sequence[PreparedSample]]],
+              on_done: Callable[[UnitResult], None]) -> None:
+    """Run units in order, writing unit k on a thread while the engine captures unit k+1.
+
+    At most two units' captures are in memory (the one being written, the one just captured). A failed write
+    surfaces at the next unit boundary; a failed capture waits for the write in flight, so no shard is left half
+    written by this process.
+    """
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer") as writer:
+        pending: Future[UnitResult] | None = None
+        for index, samples in units:
+            captures = stage.capture(samples)
+            if pending is not None:
+                on_done(pending.result())
+            pending = writer.submit(stage.write, run_dir, index, samples, captures)
+        if pending is not None:
+            on_done(pending.result())

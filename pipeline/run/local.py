@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from pipeline.data.sample import PreparedSample
 from pipeline.engines.base import Capture, Engine, EngineInfo, make_engine
-from pipeline.run.capture import CaptureStage, StageSettings, UnitResult, finished_unit
+from pipeline.run.capture import CaptureStage, StageSettings, UnitResult, finished_unit, run_units
 from pipeline.run.progress import RunProgress
 
 
@@ -49,10 +49,18 @@ class LocalExecutor:
     def run(self, settings: StageSettings, run_dir: Path,
             units: Sequence[Sequence[PreparedSample]]) -> list[UnitResult]:
         stage = CaptureStage(engine=self.engine, settings=settings)
-        results = []
+        results: dict[int, UnitResult] = {}
         with RunProgress(units) as progress:
+            def done(result: UnitResult) -> None:
+                results[result.index] = result
+                progress.unit_done(result, len(units[result.index]))
+
+            todo = []
             for index, unit in enumerate(units):
-                result = finished_unit(run_dir, index) or stage.run_unit(run_dir, index, unit)
-                progress.unit_done(result, len(unit))
-                results.append(result)
-        return results
+                finished = finished_unit(run_dir, index)
+                if finished is None:
+                    todo.append((index, unit))
+                else:
+                    done(finished)
+            run_units(stage, run_dir, todo, done)
+        return [results[i] for i in range(len(units))]

@@ -4,11 +4,14 @@ The stages are the same as the local executor's; Ray is imported only here. Each
 `EngineSpec` (an engine that needs its own virtualenv runs in a worker process beside the actor, exactly as locally).
 An actor that dies mid-unit (engine crash, OOM, kill -9) is restarted by Ray and the unit retried on it, up to
 `runner.max_retries` times; a unit that keeps failing fails the run, which then writes no manifest.
+Each actor holds two units: it writes one while its engine captures the other (`UNITS_PER_ACTOR`, a threaded actor
+whose engine is used under a lock), as the local executor's `run_units` does.
 """
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections import deque
 from pathlib import Path
 from typing import Any, Sequence
@@ -24,6 +27,7 @@ log = logging.getLogger(__name__)
 # Without the first, Ray replaces 127.0.0.1 by the machine's routable address; nothing here may leave loopback.
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 FORWARDED_ENV = ("PIPELINE_MODELS_DIR", "SGLANG_USE_CPU_ENGINE", "VLLM_CPU_KVCACHE_SPACE")
+UNITS_PER_ACTOR = 2  # one capturing, one being written
 
 
 class UnitsFailed(RuntimeError):
@@ -39,26 +43,32 @@ class CaptureActor:
         self.engine = spec.make()
         self.engine.start()
         self._stage_cls = CaptureStage
+        self._engine_lock = threading.Lock()  # engines are not thread-safe; writing needs no engine
 
     def pid(self) -> int:
         return os.getpid()
 
     def info(self) -> EngineInfo:
-        return self.engine.info()
+        with self._engine_lock:
+            return self.engine.info()
 
     def probe(self, samples: Sequence[PreparedSample]) -> list[Capture]:
-        return self.engine.capture(samples)
+        with self._engine_lock:
+            return self.engine.capture(samples)
 
     def run_unit(self, settings: StageSettings, run_dir: str, index: int,
                  samples: Sequence[PreparedSample]) -> UnitResult:
         from pipeline.engines.remote import EngineWorkerError
 
+        stage = self._stage_cls(engine=self.engine, settings=settings)
         try:
-            return self._stage_cls(engine=self.engine, settings=settings).run_unit(Path(run_dir), index, samples)
+            with self._engine_lock:
+                captures = stage.capture(samples)
         except EngineWorkerError:
-            # The engine process is gone: end this actor so Ray restarts it (a fresh engine) and retries the unit.
+            # The engine process is gone: end this actor so Ray restarts it (a fresh engine) and retries its units.
             log.exception("engine died during unit %d; restarting the actor", index)
             os._exit(1)
+        return stage.write(Path(run_dir), index, samples, captures)
 
 
 class RayExecutor:
@@ -89,7 +99,8 @@ class RayExecutor:
         ray = self._init_ray()
         actor_cls = ray.remote(CaptureActor).options(
             num_cpus=self.cfg.cpus_per_replica, num_gpus=self.cfg.gpus_per_replica,
-            max_restarts=self.cfg.max_retries, max_task_retries=self.cfg.max_retries)
+            max_restarts=self.cfg.max_retries, max_task_retries=self.cfg.max_retries,
+            max_concurrency=UNITS_PER_ACTOR)
         self.actors = [actor_cls.remote(self.spec) for _ in range(self.cfg.num_replicas)]
         infos = ray.get([a.info.remote() for a in self.actors])
         self._info = _same_everywhere(infos)
@@ -146,8 +157,9 @@ class RayExecutor:
                 index = todo.popleft()
                 inflight[actor.run_unit.remote(settings, str(run_dir), index, list(units[index]))] = (actor, index)
 
-        for actor in self.actors:
-            submit(actor)
+        for _ in range(UNITS_PER_ACTOR):
+            for actor in self.actors:
+                submit(actor)
         while inflight:
             (ref,), _ = ray.wait(list(inflight), num_returns=1)
             actor, index = inflight.pop(ref)

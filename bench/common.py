@@ -1,0 +1,40 @@
+"""What the engine throughput benches share: the same prompts, and the pipeline's capture stage as extract runs it."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BUNDLED = REPO / "pipeline" / "data" / "bundled" / "conversations.jsonl"
+
+
+def prepared_samples(model_path: Path, copies: int, work: Path):
+    """The bundled conversations, `copies` times, prepared with the model's own tokenizer."""
+    from transformers import AutoTokenizer
+
+    from pipeline.data.prepare import prepare
+
+    lines = [line for line in BUNDLED.read_text().splitlines() if line.strip()]
+    data = work / "prompts.jsonl"
+    data.write_text("\n".join(lines * copies) + "\n")
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    return prepare(data, tokenizer, max_length=2048, length_policy="truncate", limit=None).samples
+
+
+def capture_and_write(engine, samples, settings, run_dir: Path, tokens_per_shard: int) -> float:
+    """Seconds for the capture stage over `samples` as extract's local runner runs it (unit k written while unit
+    k+1 is captured); any reject fails the bench."""
+    from pipeline.run.capture import CaptureStage, run_units
+    from pipeline.shards.plan import plan_units
+
+    stage = CaptureStage(engine=engine, settings=settings)
+    units = plan_units(samples, max_tokens_per_shard=tokens_per_shard, max_samples_per_shard=1024)
+
+    def check(result) -> None:
+        if result.rejects:
+            raise SystemExit(f"unit {result.index}: {len(result.rejects)} rejected, first: "
+                             f"{result.rejects[0].detail}")
+
+    start = time.perf_counter()
+    run_units(stage, run_dir, enumerate(units), check)
+    return time.perf_counter() - start
