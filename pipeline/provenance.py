@@ -4,6 +4,7 @@ The full record goes into manifest.json; a compact copy (str -> str) into every 
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -121,13 +122,30 @@ def build(*, model: ModelInfo, digests: dict[str, Any], engine: EngineInfo, poin
     }
 
 
-RUN_LOCAL_CONFIG_KEYS = ("out_dir", "overwrite")  # where a run is written is not what produced it
+# Where a run is written and how its units are scheduled are not what produced it: an interrupted run may resume with
+# other values (e.g. on a Ray cluster after a local start, or with more retries), and its shards stay one dataset
+# (the Ray runner writes the same bytes as the local one; tests/integration/test_ray.py).
+RUN_LOCAL_CONFIG_KEYS = ("out_dir", "overwrite", "runner.name", "runner.address", "runner.num_replicas",
+                         "runner.cpus_per_replica", "runner.gpus_per_replica", "runner.max_retries")
+
+
+def stable_config(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` without RUN_LOCAL_CONFIG_KEYS (dotted paths)."""
+    stable = copy.deepcopy(config)
+    for key in RUN_LOCAL_CONFIG_KEYS:
+        *parents, leaf = key.split(".")
+        node = stable
+        for parent in parents:
+            node = node.get(parent) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return stable
 
 
 def digest(provenance: dict[str, Any]) -> str:
     """Identity of a run's provenance, without what changes from one invocation or location to the next."""
     stable = {k: v for k, v in provenance.items() if k not in {"created_utc", "host"}}
-    stable["config"] = {k: v for k, v in (stable.get("config") or {}).items() if k not in RUN_LOCAL_CONFIG_KEYS}
+    stable["config"] = stable_config(stable.get("config") or {})
     return sha256_json(stable)
 
 

@@ -54,8 +54,7 @@ def _prepare(run: ResolvedRun) -> tuple[PreparedData, str | None]:
 def _run_record(run: ResolvedRun, config: dict[str, Any], prepared: PreparedData,
                 digests: dict[str, Any]) -> dict[str, Any]:
     """What must not change between an interrupted run and its resumption."""
-    stable_config = {k: v for k, v in config.items() if k not in provenance.RUN_LOCAL_CONFIG_KEYS}
-    return {"config": stable_config, "data_digest": prepared.source_digest,
+    return {"config": provenance.stable_config(config), "data_digest": prepared.source_digest,
             "model_config_sha256": digests["config_sha256"], "weights_sha256": digests["weights"]["sha256"],
             "code": provenance.code_version()}
 

@@ -1,8 +1,10 @@
 """The Ray runner on a real Ray (loopback only): same output as the local runner, exactly-once under kills."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -114,6 +116,32 @@ def test_killed_engine_actor_is_replaced_and_the_run_completes_exactly_once(refe
         os.kill(pid, signal.SIGKILL)
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output.decode()[-4000:]
+    verify(out)
+    assert_same_dataset(reference_run, out)
+
+
+def test_a_unit_that_keeps_failing_ends_the_run_unfinished_and_a_rerun_completes_it(reference_run, tmp_path):
+    """Every replacement actor dies too: retries are bounded, the failure is named, no manifest; the rerun resumes."""
+    out = tmp_path / "run"
+    proc = extract(out, "runner=ray", "runner.max_retries=1", wait=False)
+    wait_for(lambda: markers(out) >= 1 or proc.poll() is not None)
+    killed: set[int] = set()
+    while proc.poll() is None:  # a crash on every attempt, as an engine that always OOMs on the next unit would
+        for pid in set(capture_actor_pids()) - killed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        time.sleep(0.05)
+    output = proc.stdout.read().decode()
+    assert proc.returncode == 1, output[-4000:]
+    assert len(killed) == 2, killed  # the first actor and its one replacement: max_retries=1 bounds the attempts
+    assert "run failed, no manifest written" in output
+    assert re.search(r"unit \d+ \(\w+\.\.\.\): ActorDiedError", output), output[-4000:]  # which unit, and why
+    assert not (out / "manifest.json").exists()
+    finished = markers(out)
+    assert finished < len(json.loads((reference_run / "manifest.json").read_text())["shards"])
+    rerun = extract(out, "runner=ray")
+    assert f"({finished} finished earlier)" in rerun.stdout  # what had finished is kept, checksums and all
     verify(out)
     assert_same_dataset(reference_run, out)
 

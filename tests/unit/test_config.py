@@ -87,3 +87,15 @@ def test_world_checks_fail_before_any_model_loads(compose_cfg, kimi_dir, data_fi
     cfg = to_config(compose_cfg("+exp=kimi", *base, *overrides))
     with pytest.raises(ConfigError, match=match):
         resolve_run(cfg)  # the Kimi "checkpoint" has no weights: any attempt to load a model would fail differently
+
+
+def test_resume_record_ignores_scheduling_but_not_what_shapes_the_shards():
+    from pipeline.provenance import stable_config
+
+    config = {"out_dir": "/x", "runner": {"name": "ray", "num_replicas": 4, "max_retries": 2, "address": "auto",
+                                          "max_tokens_per_shard": 4096, "storage_dtype": None},
+              "engine": {"name": "hf", "batch_size": 8}}
+    stable = stable_config(config)
+    assert stable == {"runner": {"max_tokens_per_shard": 4096, "storage_dtype": None},
+                      "engine": {"name": "hf", "batch_size": 8}}
+    assert config["runner"]["name"] == "ray"  # the caller's config is left as it was
