@@ -21,9 +21,9 @@ def prepared_samples(model_path: Path, copies: int, work: Path):
     return prepare(data, tokenizer, max_length=2048, length_policy="truncate", limit=None).samples
 
 
-def capture_and_write(engine, samples, settings, run_dir: Path, tokens_per_shard: int) -> float:
-    """Seconds for the capture stage over `samples` as extract's local runner runs it (unit k written while unit
-    k+1 is captured); any reject fails the bench."""
+def capture_and_write(engine, samples, settings, run_dir: Path, tokens_per_shard: int, overlap: bool) -> float:
+    """Seconds for the capture stage over `samples` as extract's local runner runs it (with `overlap`, unit k is
+    written while unit k+1 is captured: runner.overlap_writes); any reject fails the bench."""
     from pipeline.run.capture import CaptureStage, run_units
     from pipeline.shards.plan import plan_units
 
@@ -36,5 +36,5 @@ def capture_and_write(engine, samples, settings, run_dir: Path, tokens_per_shard
                              f"{result.rejects[0].detail}")
 
     start = time.perf_counter()
-    run_units(stage, run_dir, enumerate(units), check)
+    run_units(stage, run_dir, enumerate(units), check, overlap=overlap)
     return time.perf_counter() - start

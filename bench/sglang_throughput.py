@@ -6,8 +6,8 @@
 Plain prefill: the real serving path, `sglang.Engine.generate(max_new_tokens=1)` over all prompts at once, no capture
 (`pipeline.engines.sglang_serving`, its own process). Capture+write: the pipeline's capture stage through
 `make_engine("sglang")` (SGLang's model runner in the engine's worker, aux capture + final norm + embedding, transfer
-to this process, validation, safetensors + parquet shard writes; shard k written while unit k+1 is captured, in
-units of --tokens-per-shard). Runner forward: the same runner's forwards alone
+to this process, validation, safetensors + parquet shard writes; in units of
+--tokens-per-shard, one after the other: runner.overlap_writes=false, the default). Runner forward: the same runner's forwards alone
 (`engine.call("forward_seconds")`: aux capture included, nothing transferred or written), which isolates the
 pipeline's own overhead. All are started once and kept alive (the Engine sleeps when idle); rounds alternate between
 them (this machine's CPUs are shared), best of --repeats. Target: capture+write / Engine plain prefill >= 0.9.
@@ -77,7 +77,7 @@ def alternate(args, path: Path, info, samples, work: Path) -> tuple[dict[str, li
             seconds["Engine plain prefill"].append(served.time_prefill()["seconds"])
             seconds["runner forward"].append(runner_forward_seconds(engine, samples, args.batch_size))
             seconds["capture+write"].append(capture_and_write(engine, samples, settings, work / f"run-{r}",
-                                                                   args.tokens_per_shard))
+                                                                   args.tokens_per_shard, overlap=False))
             print(f"repeat {r}: " + " | ".join(f"{k} {tokens / v[-1]:6.0f} tok/s ({v[-1]:.2f} s)"
                                                for k, v in seconds.items()))
         return seconds, engine.info().extra["aux_layer_ids"]

@@ -77,9 +77,12 @@ RUNNERS = ("local", "ray")
 @dataclass(kw_only=True)
 class RunnerConfig:
     name: str = "local"
-    max_tokens_per_shard: int = 65536  # bounds the writer's memory: one shard is held at a time
+    max_tokens_per_shard: int = 65536  # bounds the writer's memory: one shard is held at a time (two if overlapped)
     max_samples_per_shard: int = 1024
     storage_dtype: Optional[str] = None  # None = the engine's compute dtype
+    # Write shard k while the engine captures unit k+1. Pays off when the engine computes on GPUs; an engine computing
+    # on the same CPU cores loses more to the contention than the write costs (bench/vllm_throughput.py).
+    overlap_writes: bool = False
     # ray only: the cluster (None = start a local one on 127.0.0.1), replicas and what each one holds
     address: Optional[str] = None
     num_replicas: int = 1

@@ -2,7 +2,7 @@
 
 A stage knows nothing of how it is run; executors (local, Ray) hand it units and skip finished ones. A unit has two
 halves: `capture` (the engine's) and `write` (validation, safetensors + parquet, checksums: the driver's CPU). An
-engine computes in its own process or on a GPU, so `run_units` writes unit k while the engine captures unit k+1.
+engine computing on GPUs leaves the host idle, so `run_units` can write unit k while the engine captures unit k+1.
 """
 from __future__ import annotations
 
@@ -31,9 +31,12 @@ class UnitResult:
 
 
 def _batches(samples: Sequence[PreparedSample], batch_size: int) -> list[list[PreparedSample]]:
-    # Similar lengths batch together to cut padding; results are put back in unit order before writing.
+    # Similar lengths batch together to cut padding; results are put back in unit order before writing. Batches are
+    # balanced (75 samples at batch_size 64: 38 + 37, not 64 + 11): a small tail batch leaves an engine underfilled.
     ordered = sorted(samples, key=lambda s: s.num_tokens)
-    return [ordered[i: i + batch_size] for i in range(0, len(ordered), batch_size)]
+    num_batches = -(-len(ordered) // batch_size)
+    bounds = [i * len(ordered) // num_batches for i in range(num_batches + 1)] if ordered else []
+    return [ordered[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def _rejects_path(run_dir: Path, index: int) -> Path:
@@ -49,6 +52,7 @@ class StageSettings:
     batch_size: int
     storage_dtype: str | None
     metadata: Mapping[str, str]  # the compact provenance stored in every shard
+    overlap_writes: bool = False  # write unit k while unit k+1 is captured (runner.overlap_writes)
 
 
 def _checksums_match(run_dir: Path, entry: ShardEntry) -> bool:
@@ -106,13 +110,17 @@ class CaptureStage:
 
 
 def run_units(stage: CaptureStage, run_dir: Path, units: Iterable[tuple[int, Sequence[PreparedSample]]],
-              on_done: Callable[[UnitResult], None]) -> None:
-    """Run units in order, writing unit k on a thread while the engine captures unit k+1.
+              on_done: Callable[[UnitResult], None], *, overlap: bool) -> None:
+    """Run units in order; with `overlap`, unit k is written on a thread while the engine captures unit k+1.
 
-    At most two units' captures are in memory (the one being written, the one just captured). A failed write
-    surfaces at the next unit boundary; a failed capture waits for the write in flight, so no shard is left half
-    written by this process.
+    Overlapped, at most two units' captures are in memory (the one being written, the one just captured). A failed
+    write surfaces at the next unit boundary; a failed capture waits for the write in flight, so no shard is left
+    half written by this process.
     """
+    if not overlap:
+        for index, samples in units:
+            on_done(stage.run_unit(run_dir, index, samples))
+        return
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer") as writer:
         pending: Future[UnitResult] | None = None
         for index, samples in units:

@@ -126,6 +126,7 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
                                 config=config, diff=outcome.summary)
         settings = StageSettings(points=run.points, hidden_size=run.model.hidden_size,
                                  batch_size=cfg.engine.batch_size, storage_dtype=cfg.runner.storage_dtype,
+                                 overlap_writes=cfg.runner.overlap_writes,
                                  metadata=provenance.compact(prov))
         capture_started = time.perf_counter()
         results = executor.run(settings, run.out_dir, units)

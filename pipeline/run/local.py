@@ -62,5 +62,5 @@ class LocalExecutor:
                     todo.append((index, unit))
                 else:
                     done(finished)
-            run_units(stage, run_dir, todo, done)
+            run_units(stage, run_dir, todo, done, overlap=settings.overlap_writes)
         return [results[i] for i in range(len(units))]

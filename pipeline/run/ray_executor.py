@@ -4,8 +4,8 @@ The stages are the same as the local executor's; Ray is imported only here. Each
 `EngineSpec` (an engine that needs its own virtualenv runs in a worker process beside the actor, exactly as locally).
 An actor that dies mid-unit (engine crash, OOM, kill -9) is restarted by Ray and the unit retried on it, up to
 `runner.max_retries` times; a unit that keeps failing fails the run, which then writes no manifest.
-Each actor holds two units: it writes one while its engine captures the other (`UNITS_PER_ACTOR`, a threaded actor
-whose engine is used under a lock), as the local executor's `run_units` does.
+With `runner.overlap_writes` each actor holds two units and writes one while its engine captures the other (a threaded
+actor whose engine is used under a lock), as the local executor's `run_units` does.
 """
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 # Without the first, Ray replaces 127.0.0.1 by the machine's routable address; nothing here may leave loopback.
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 FORWARDED_ENV = ("PIPELINE_MODELS_DIR", "SGLANG_USE_CPU_ENGINE", "VLLM_CPU_KVCACHE_SPACE")
-UNITS_PER_ACTOR = 2  # one capturing, one being written
 
 
 class UnitsFailed(RuntimeError):
@@ -76,6 +75,7 @@ class RayExecutor:
         self.spec, self.cfg = spec, cfg
         self.actors: list[Any] = []
         self._started_ray = False
+        self._units_per_actor = 2 if cfg.overlap_writes else 1  # overlapped: one capturing, one being written
 
     def _init_ray(self):
         for key, value in LOOPBACK_ENV.items():
@@ -100,7 +100,7 @@ class RayExecutor:
         actor_cls = ray.remote(CaptureActor).options(
             num_cpus=self.cfg.cpus_per_replica, num_gpus=self.cfg.gpus_per_replica,
             max_restarts=self.cfg.max_retries, max_task_retries=self.cfg.max_retries,
-            max_concurrency=UNITS_PER_ACTOR)
+            max_concurrency=self._units_per_actor)
         self.actors = [actor_cls.remote(self.spec) for _ in range(self.cfg.num_replicas)]
         infos = ray.get([a.info.remote() for a in self.actors])
         self._info = _same_everywhere(infos)
@@ -157,7 +157,7 @@ class RayExecutor:
                 index = todo.popleft()
                 inflight[actor.run_unit.remote(settings, str(run_dir), index, list(units[index]))] = (actor, index)
 
-        for _ in range(UNITS_PER_ACTOR):
+        for _ in range(self._units_per_actor):
             for actor in self.actors:
                 submit(actor)
         while inflight:

@@ -20,6 +20,7 @@ from pipeline.data.sample import PreparedSample
 from pipeline.engines.base import Capture
 from pipeline.shards import layout
 from pipeline.shards.stfile import StreamingWriter, TensorSpec
+from pipeline.shards.validate import all_finite
 
 Item = tuple[PreparedSample, Capture]
 
@@ -94,7 +95,7 @@ def _cast(hs: torch.Tensor, target: torch.dtype, sample_id: str) -> tuple[torch.
     if target == torch.float8_e4m3fn:
         # torch saturates out-of-range values to +-448 instead of failing, so count them to make the loss visible.
         num_saturated = int((hs.abs() > torch.finfo(target).max).sum())
-    elif not bool(torch.isfinite(stored).all()):
+    elif not all_finite(stored):
         raise ValueError(f"sample {sample_id}: casting {hs.dtype} to {target} overflowed "
                          f"(max |x| = {float(hs.abs().max()):.4g})")
     return stored, num_saturated

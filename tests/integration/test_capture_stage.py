@@ -39,7 +39,7 @@ def test_overlapped_units_equal_units_run_one_by_one(stage, tmp_path):
     stage, vocab = stage
     units = [unit(3 * k, [5 + k, 17, 9], vocab, seed=k) for k in range(4)]
     done = []
-    run_units(stage, tmp_path / "overlapped", enumerate(units), done.append)
+    run_units(stage, tmp_path / "overlapped", enumerate(units), done.append, overlap=True)
     assert [r.index for r in done] == [0, 1, 2, 3]  # reported in unit order, each exactly once
     serial = [stage.run_unit(tmp_path / "serial", index, samples) for index, samples in enumerate(units)]
     assert [r.entry.num_samples for r in done] == [3, 3, 3, 3] and not any(r.rejects for r in done)
@@ -55,7 +55,7 @@ def test_a_failing_capture_leaves_the_unit_in_flight_fully_written(stage, tmp_pa
     bad[0].input_ids_T[3] = vocab + 5  # out of the embedding table: the real engine raises
     done = []
     with pytest.raises(IndexError):
-        run_units(stage, tmp_path, enumerate([good, bad, good]), done.append)
+        run_units(stage, tmp_path, enumerate([good, bad, good]), done.append, overlap=True)
     assert done == []  # unit 0's write was in flight when unit 1's capture failed; it was awaited, not reported
     finished = finished_unit(tmp_path, 0)
     assert finished is not None and finished.entry.num_samples == 2  # complete: marker, sizes and sha256 agree

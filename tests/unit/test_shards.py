@@ -250,3 +250,18 @@ def test_validate_counts_non_finite_values_per_point():
     assert reason == "non_finite: hidden_states_TPH has 2 NaN and 1 inf value(s), at point index(es) [1, 2] of 3"
     reject = capture_reject(sample, capture, num_points=len(POINTS), hidden_size=H)
     assert (reject.reason, reject.detail, reject.sample_id, reject.row) == ("non_finite", reason, "id-0-0", 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), None])
+def test_every_non_finite_value_is_found_wherever_it_is(dtype, bad):
+    from pipeline.shards.validate import all_finite
+
+    hs = torch.randn(257, 3, 64).to(dtype)
+    hs[0, 0, 0], hs[-1, -1, -1] = torch.finfo(dtype).max, torch.finfo(dtype).min  # extremes are finite
+    for flat in (0, 7777, hs.numel() - 1):
+        probe = hs.clone()
+        if bad is not None:
+            probe.view(-1)[flat] = bad
+        assert all_finite(probe) is (bad is None), (dtype, bad, flat)
+    assert all_finite(hs[:0])
