@@ -16,12 +16,17 @@ log = logging.getLogger("pipeline.extract")
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from pipeline.compare.gate import DiffGateError, describe
+    from pipeline.engines.base import EngineStartError
     from pipeline.run.job import run_extract
 
     try:
         summary = run_extract(cfg)
     except ConfigError as e:
         log.error("configuration error: %s", e)
+        sys.exit(2)
+    except EngineStartError as e:  # before any shard; the engine's traceback with hydra.verbose=pipeline
+        log.debug("the engine's error in full", exc_info=e.__cause__)
+        log.error("%s; nothing was written (hydra.verbose=pipeline shows the engine's traceback)", e)
         sys.exit(2)
     except DiffGateError as e:  # before any shard: the report says why
         log.error("stopped by the diff gate: %s", e)

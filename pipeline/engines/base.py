@@ -56,6 +56,16 @@ class EngineInfo:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class EngineStartError(RuntimeError):
+    """The primary engine did not start, so nothing was written; the chained exception holds the engine's traceback."""
+
+
+def error_summary(e: BaseException) -> str:
+    """What went wrong in one line: an engine worker's error without its traceback, else `Type: message`."""
+    summary = getattr(e, "summary", None) or f"{type(e).__name__}: {e}"
+    return " ".join(summary.split())
+
+
 class Engine(abc.ABC):
     """One loaded model in one framework. Use as a context manager: `with engine: engine.capture(...)`."""
 

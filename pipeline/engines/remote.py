@@ -18,7 +18,11 @@ from pipeline.engines.base import Capture, Engine, EngineInfo, PointSource
 
 
 class EngineWorkerError(RuntimeError):
-    """The engine raised inside its worker; the message carries the worker's traceback."""
+    """The engine raised inside its worker; the message carries the worker's traceback, `summary` only the error."""
+
+    def __init__(self, message: str, summary: str | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary or message
 
 
 class RemoteEngine(Engine):
@@ -49,8 +53,8 @@ class RemoteEngine(Engine):
             raise EngineWorkerError(f"{self.target} worker ({self.python}) exited with code {code} during "
                                     f"{header['op']!r}; its log is above on stderr") from e
         if not reply.get("ok"):
-            raise EngineWorkerError(f"{self.target} failed during {header['op']!r}: {reply['error']}\n"
-                                    f"--- worker traceback ---\n{reply['traceback']}")
+            summary = f"{self.target} failed during {header['op']!r}: {reply['error']}"
+            raise EngineWorkerError(f"{summary}\n--- worker traceback ---\n{reply['traceback']}", summary)
         return reply, out
 
     def start(self) -> None:

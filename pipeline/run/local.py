@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pipeline.data.sample import PreparedSample
-from pipeline.engines.base import Capture, Engine, EngineInfo, make_engine
+from pipeline.engines.base import Capture, Engine, EngineInfo, EngineStartError, error_summary, make_engine
 from pipeline.run.capture import CaptureStage, StageSettings, UnitResult, finished_unit, run_units
 from pipeline.run.progress import RunProgress
 
@@ -31,7 +31,12 @@ class LocalExecutor:
 
     def __enter__(self) -> "LocalExecutor":
         self.engine = self.spec.make()
-        self.engine.start()
+        try:
+            self.engine.start()
+        except Exception as e:
+            self.engine.close()  # a worker process that did start is not left behind
+            self.engine = None
+            raise EngineStartError(f"engine={self.spec.name} did not start: {error_summary(e)}") from e
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from pipeline.config import RunnerConfig
 from pipeline.data.sample import PreparedSample
-from pipeline.engines.base import Capture, EngineInfo
+from pipeline.engines.base import Capture, EngineInfo, EngineStartError, error_summary
 from pipeline.run.capture import StageSettings, UnitResult, finished_unit
 from pipeline.run.local import EngineSpec
 from pipeline.run.progress import RunProgress
@@ -40,12 +40,22 @@ class CaptureActor:
         from pipeline.run.capture import CaptureStage
 
         self.engine = spec.make()
-        self.engine.start()
+        self._start_error: str | None = None
+        try:
+            self.engine.start()
+        except Exception as e:  # kept as one line for the driver: Ray would only pass on the traceback's text
+            log.error("engine %s did not start: %s", spec.name, error_summary(e))
+            log.debug("the engine's error in full", exc_info=True)
+            self.engine.close()
+            self._start_error = error_summary(e)
         self._stage_cls = CaptureStage
         self._engine_lock = threading.Lock()  # engines are not thread-safe; writing needs no engine
 
     def pid(self) -> int:
         return os.getpid()
+
+    def start_error(self) -> str | None:
+        return self._start_error
 
     def info(self) -> EngineInfo:
         with self._engine_lock:
@@ -59,6 +69,8 @@ class CaptureActor:
                  samples: Sequence[PreparedSample]) -> UnitResult:
         from pipeline.engines.remote import EngineWorkerError
 
+        if self._start_error:  # a replacement actor whose engine did not start: the unit fails with why
+            raise RuntimeError(f"engine did not start: {self._start_error}")
         stage = self._stage_cls(engine=self.engine, settings=settings)
         try:
             with self._engine_lock:
@@ -102,6 +114,10 @@ class RayExecutor:
             max_restarts=self.cfg.max_retries, max_task_retries=self.cfg.max_retries,
             max_concurrency=self._units_per_actor)
         self.actors = [actor_cls.remote(self.spec) for _ in range(self.cfg.num_replicas)]
+        errors = [e for e in ray.get([a.start_error.remote() for a in self.actors]) if e]
+        if errors:
+            self.__exit__()
+            raise EngineStartError(f"engine={self.spec.name} did not start on Ray: {errors[0]}")
         infos = ray.get([a.info.remote() for a in self.actors])
         self._info = _same_everywhere(infos)
         return self

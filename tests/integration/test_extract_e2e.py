@@ -124,3 +124,16 @@ def test_bad_input_fails_before_anything_is_written(tmp_path, override, message)
     assert proc.returncode != 0
     assert message in proc.stderr + proc.stdout
     assert not out.exists()
+
+
+@pytest.mark.parametrize("runner", ["local", "ray"])
+def test_an_engine_that_cannot_start_is_one_clear_line_and_nothing_is_written(tmp_path, runner):
+    out = tmp_path / "run"
+    proc = cli("pipeline.extract", f"out_dir={out}", f"runner={runner}", "diff.gate=off", *SMALL,
+               "engine.options.attn_implementation=flash_attention_9", f"hydra.run.dir={tmp_path / 'logs'}")
+    output = proc.stderr + proc.stdout
+    assert proc.returncode == 2, output[-3000:]
+    errors = [line for line in output.splitlines() if "[pipeline.extract][ERROR]" in line]
+    assert len(errors) == 1 and "engine=hf did not start" in errors[0] and "flash_attention_9" in errors[0], output
+    assert "Traceback" not in output and "nothing was written" in errors[0]
+    assert not (out / "manifest.json").exists() and not list(out.glob("shards/*"))
