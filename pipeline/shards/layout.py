@@ -78,6 +78,17 @@ def file_sha256(path: Path, *, chunk_bytes: int = 8 << 20) -> str:
     return digest.hexdigest()
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it sets it: done once, at import, before any writer thread exists
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates files 0600; a finished file gets the mode open() would have given it, so a trainer running as
+# another user of the cluster can read the run.
+FILE_MODE = 0o666 & ~_umask()
+
+
 @contextmanager
 def atomic_path(final: Path) -> Iterator[Path]:
     """Yield a temp path beside `final`; on success fsync and rename it over `final`, on failure remove it.
@@ -94,6 +105,7 @@ def atomic_path(final: Path) -> Iterator[Path]:
         yield tmp_path
         with open(tmp_path, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp_path, FILE_MODE)
         os.replace(tmp_path, final)
     finally:
         tmp_path.unlink(missing_ok=True)

@@ -265,3 +265,16 @@ def test_every_non_finite_value_is_found_wherever_it_is(dtype, bad):
             probe.view(-1)[flat] = bad
         assert all_finite(probe) is (bad is None), (dtype, bad, flat)
     assert all_finite(hs[:0])
+
+
+def test_finished_files_are_readable_as_open_would_have_made_them(tmp_path):
+    import os
+    import stat
+
+    make_run(tmp_path, [[3, 4]])
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"shard-00000.safetensors", "shard-00000.parquet", "shard-00000.done.json",
+                                       "manifest.json"}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {p.name: 0o666 & ~umask for p in files}
