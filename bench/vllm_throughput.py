@@ -22,12 +22,17 @@ from pathlib import Path
 from common import capture_and_write, prepared_samples
 
 
-def capture_only(engine, samples, batch_size) -> float:
-    """The engine side alone (hooks, transfer from the worker), batched like the stage; nothing validated or written."""
-    ordered = sorted(samples, key=lambda s: s.num_tokens)
+def capture_only(engine, samples, settings, tokens_per_shard: int) -> float:
+    """The engine's half of the stage alone (hooks, transfer from the worker), the same units and batches as
+    capture+write; nothing validated or written."""
+    from pipeline.run.capture import CaptureStage
+    from pipeline.shards.plan import plan_units
+
+    stage = CaptureStage(engine=engine, settings=settings)
+    units = plan_units(samples, max_tokens_per_shard=tokens_per_shard, max_samples_per_shard=1024)
     start = time.perf_counter()
-    for i in range(0, len(ordered), batch_size):
-        engine.capture(ordered[i: i + batch_size])
+    for unit in units:
+        stage.capture(unit)
     return time.perf_counter() - start
 
 
@@ -66,7 +71,7 @@ def main() -> None:
             engine.capture(samples[:8])
             paths = {
                 "plain prefill": lambda r: engine.call("plain_prefill_seconds", prompts),
-                "capture only": lambda r: capture_only(engine, samples, args.batch_size),
+                "capture only": lambda r: capture_only(engine, samples, settings, args.tokens_per_shard),
                 "capture+write": lambda r: capture_and_write(engine, samples, settings, work / f"s{r}",
                                                              args.tokens_per_shard, overlap=False),
                 "capture+write overlapped": lambda r: capture_and_write(engine, samples, settings, work / f"o{r}",
