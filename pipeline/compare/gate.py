@@ -10,6 +10,7 @@ non-determinism); it is the engine whose states are written.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -84,8 +85,9 @@ class DiffGate:
                 raise ConfigError(f"diff gate engine {e.label} ({e.role}): {err}") from err
         return cls(cfg, model, points, out_dir, others)
 
-    def probe_references(self, samples: Sequence[PreparedSample]) -> None:
-        """Start, probe and close every engine other than the primary (once each, no self-checks)."""
+    def probe_references(self, samples: Sequence[PreparedSample], executor: Any) -> None:
+        """Start, probe and close every engine other than the primary (once each, no self-checks), each where the
+        executor runs a replica (`executor.run_beside`: on Ray, a task with a replica's GPUs)."""
         t0 = time.perf_counter()
         probe = self.cfg.diff.gate_probe
         self.samples = probe_samples(samples, probe)
@@ -93,8 +95,9 @@ class DiffGate:
         for e in self.others:
             log.info("diff gate: probing %s (%s)", e.label, e.role)
             run = EngineRun(label=e.label, role=e.role, config=e.describe(), points=e.points)
-            self.runs.append(probe_engine(run, lambda e=e: e.make(self.model.num_layers), self.samples, once,
-                                          batch_size=e.config.batch_size, hidden_size=self.model.hidden_size))
+            self.runs.append(executor.run_beside(probe_engine, run, functools.partial(e.make, self.model.num_layers),
+                                                 self.samples, once, batch_size=e.config.batch_size,
+                                                 hidden_size=self.model.hidden_size))
         self.seconds["references"] = time.perf_counter() - t0
 
     def check(self, executor: Any) -> GateOutcome:

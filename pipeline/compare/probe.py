@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import socket
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -74,6 +76,7 @@ class EngineRun:
     alone: dict[int, torch.Tensor] = field(default_factory=dict)  # probe index -> capture alone
     seconds: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    ran_on: str | None = None  # host and process that started the engine (on a cluster: which node)
 
     @property
     def ok(self) -> bool:
@@ -141,6 +144,7 @@ def probe_engine(run: EngineRun, make: Callable[[], Engine], samples: Sequence[P
                  *, batch_size: int, hidden_size: int) -> EngineRun:
     """Start an engine, probe it, close it. Errors are recorded in the run, not raised."""
     t0 = time.perf_counter()
+    run.ran_on = f"{socket.gethostname()} pid {os.getpid()}"
     try:
         engine = make()
         try:

@@ -33,7 +33,7 @@ def _clean(x: Any) -> Any:
 
 def _engine(run: EngineRun) -> dict[str, Any]:
     return {"label": run.label, "role": run.role, "config": run.config, "points": run.labels, "info": run.info,
-            "error": run.error, "seconds": {k: round(v, 3) for k, v in run.seconds.items()}}
+            "error": run.error, "ran_on": run.ran_on, "seconds": {k: round(v, 3) for k, v in run.seconds.items()}}
 
 
 def _pair(pair: PairResult) -> dict[str, Any]:

@@ -113,7 +113,7 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
     record = _run_record(run, config, prepared, digests)
     check_out_dir(run, record)  # a mismatched resume is refused before any engine starts
     if gate is not None:
-        gate.probe_references(prepared.samples)  # the reference engines: started, probed, closed
+        gate.probe_references(prepared.samples, executor)  # the reference engines: started, probed, closed
     with executor:  # the primary starts once: the gate probes it, then it captures the run
         outcome = gate.check(executor) if gate is not None else gate_off()  # may stop the run: no shard yet
         resuming = prepare_out_dir(run, record)

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from pipeline.data.sample import PreparedSample
 from pipeline.engines.base import Capture, Engine, EngineInfo, EngineStartError, error_summary, make_engine
 from pipeline.run.capture import CaptureStage, StageSettings, UnitResult, finished_unit, run_units
 from pipeline.run.progress import RunProgress
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +45,10 @@ class LocalExecutor:
         if self.engine is not None:
             self.engine.close()
             self.engine = None
+
+    def run_beside(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run `fn` where a replica runs (the gate's other engines need what a replica has); here: in place."""
+        return fn(*args, **kwargs)
 
     def engine_info(self) -> EngineInfo:
         return self.engine.info()

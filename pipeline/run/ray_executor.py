@@ -14,7 +14,7 @@ import os
 import threading
 from collections import deque
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from pipeline.config import RunnerConfig
 from pipeline.data.sample import PreparedSample
@@ -130,6 +130,14 @@ class RayExecutor:
         self.actors = []
         if self._started_ray:
             ray.shutdown()
+
+    def run_beside(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run `fn` as a Ray task with a replica's resources (a GPU cluster's driver may have no GPU); usable before
+        the replicas start, so the gate's reference engines free their devices before the primary takes them."""
+        ray = self._init_ray()
+        task = ray.remote(fn).options(num_cpus=self.cfg.cpus_per_replica, num_gpus=self.cfg.gpus_per_replica,
+                                      max_retries=0)
+        return ray.get(task.remote(*args, **kwargs))
 
     def engine_info(self) -> EngineInfo:
         return self._info

@@ -69,9 +69,21 @@ def verify(out: Path) -> None:
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory, models_root):
     out = tmp_path_factory.mktemp("ray") / "uninterrupted"
-    extract(out, "runner=ray", "runner.overlap_writes=true")  # actors write one unit while capturing the next
+    proc = extract(out, "runner=ray", "runner.overlap_writes=true", wait=False)  # actors write while capturing
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output.decode()[-4000:]
     verify(out)
+    (out.parent / "driver.pid").write_text(str(proc.pid))
     return out
+
+
+def test_the_gate_reference_engine_runs_on_the_cluster_not_in_the_driver(reference_run):
+    """On a GPU cluster the driver may have no GPU: the gate's reference runs as a task with a replica's resources."""
+    report = json.loads((reference_run / "diff" / "report.json").read_text())
+    ran_on = {e["role"]: e["ran_on"] for e in report["engines"]}
+    driver = int((reference_run.parent / "driver.pid").read_text())
+    assert ran_on["reference"] and not ran_on["reference"].endswith(f"pid {driver}"), (ran_on, driver)
+    assert report["status"] != "fail" and json.loads((reference_run / "manifest.json").read_text())["provenance"]["diff"]
 
 
 def test_ray_runner_equals_local_runner(reference_run, tmp_path):
