@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any, Sequence
 from pipeline.compare.analyze import DiffResult, all_points
 from pipeline.compare.entries import EngineEntry, engine_specs, entry, reference_spec
 from pipeline.compare.probe import EngineRun, ExecutorView, capture_probe, probe_engine, probe_samples
-from pipeline.compare.report import summary, write_html, write_report
+from pipeline.compare.report import summary, write_report
 from pipeline.compare.stage import compare, report_config
 from pipeline.config import ConfigError, ExtractConfig
 from pipeline.data.sample import PreparedSample
@@ -65,7 +64,6 @@ class DiffGate:
         self.samples: list[PreparedSample] = []
         self.seconds: dict[str, float] = {}
         self._html_due = False
-        self._html_thread: threading.Thread | None = None
         self.outcome: GateOutcome | None = None
 
     @classmethod
@@ -126,10 +124,6 @@ class DiffGate:
                      html=c.diff.html and result.status == "fail")
         if result.status == "fail":
             self._html_due = False
-        elif self._html_due:  # drawn on a thread while the run captures; finish() waits for it
-            self._html_thread = threading.Thread(target=_write_html_logged, args=(result, report_dir),
-                                                 name="gate-report-html")
-            self._html_thread.start()
         self.seconds["report"] = time.perf_counter() - t2
         outcome = GateOutcome(mode=c.diff.gate, status=result.status, report_dir=report_dir,
                               seconds=sum(self.seconds.values()), parts=dict(self.seconds), result=result,
@@ -144,20 +138,15 @@ class DiffGate:
         return outcome
 
     def finish(self) -> None:
-        """After the run: wait for report.html of a gate that did not fail (drawn while the run captured)."""
-        if self._html_thread is None or self.outcome is None:
+        """After the run: report.html of a gate that did not fail (rendered off the capture's critical path)."""
+        if not self._html_due or self.outcome is None or self.outcome.result is None:
             return
+        from pipeline.compare.report import write_html
+
         t0 = time.perf_counter()
-        self._html_thread.join()
-        self.outcome.parts["report.html (waited for after the run)"] = time.perf_counter() - t0
-        self._html_thread, self._html_due = None, False
-
-
-def _write_html_logged(result: DiffResult, report_dir: Path) -> None:
-    try:
-        write_html(result, report_dir)
-    except Exception:  # the plots are for people: a failure here must not undo a finished capture
-        log.exception("diff gate: report.html could not be written (report.json and report.md are complete)")
+        write_html(self.outcome.result, self.outcome.report_dir)
+        self.outcome.parts["report.html (after the run)"] = time.perf_counter() - t0
+        self._html_due = False
 
 
 def _stop_message(result: DiffResult, report_dir: Path) -> str:
