@@ -37,13 +37,20 @@ def _plt():
     return plt
 
 
+def _margins(fig, *, left: float, bottom: float, top: float, right: float = 0.25, wspace: float | None = None) -> None:
+    """Fixed margins in inches: bbox_inches="tight" (or a constrained layout) draws every figure twice, which was
+    half of the report's plotting time (0.33 vs 0.19 s per figure here)."""
+    w, h = fig.get_size_inches()
+    fig.subplots_adjust(left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h, wspace=wspace)
+
+
 def _png(fig) -> str:
     from matplotlib.ticker import NullLocator
 
     for ax in fig.axes:  # minor ticks on wide log axes cost most of the drawing time, and say little
         ax.yaxis.set_minor_locator(NullLocator())
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=_DPI)
     _plt().close(fig)
     return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
 
@@ -76,6 +83,7 @@ def fig_points(pair: PairResult, threshold: float | None) -> str:
     x = list(range(len(labels)))
     s = [pair.points[k] for k in labels]
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+    _margins(fig, left=0.8, bottom=0.9, top=0.6, wspace=0.3)
     _series_panel(axes[0], x, [("aggregate", [p.rel_l2 for p in s], "o-"), ("p50 token", [p.p50 for p in s], "s--"),
                                ("p90 token", [p.p90 for p in s], "^--"), ("max token", [p.max for p in s], "v:")],
                   "relative L2", threshold)
@@ -100,6 +108,7 @@ def _profile_points(pair: PairResult) -> list[str]:
 def fig_positions(pair: PairResult) -> str:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 3.4))
+    _margins(fig, left=0.9, bottom=0.6, top=0.35)
     chosen = _profile_points(pair)
     _series_panel(ax, None, [], f"{pair.name}: per-position profile")
     floor = floor_of([v for label in chosen for v in pair.points[label].profile])
@@ -115,6 +124,7 @@ def fig_positions(pair: PairResult) -> str:
 def fig_overview(pairs: Sequence[PairResult]) -> str:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 3.4))
+    _margins(fig, left=1.0, bottom=0.9, top=0.35)
     floor = floor_of([p.points[k].judged_rel_l2 for p in pairs for k in p.labels])
     for p in pairs:
         ax.plot(range(len(p.labels)), _log([p.points[k].judged_rel_l2 for k in p.labels], floor), "o-",
@@ -135,7 +145,8 @@ def fig_alignment(al: Alignment) -> str:
     raw = np.array(al.distances, dtype=float)
     floor = floor_of(raw.ravel().tolist())
     d = np.log10(np.maximum(raw, floor))
-    fig, ax = plt.subplots(figsize=(max(5, 0.45 * len(al.cols) + 2), max(2.5, 0.4 * len(al.rows) + 1.2)))
+    fig, ax = plt.subplots(figsize=(max(5, 0.45 * len(al.cols) + 3), max(2.5, 0.4 * len(al.rows) + 2)))
+    _margins(fig, left=1.3, bottom=1.2, top=0.35, right=0.2)  # the colorbar takes its room from the axes
     im = ax.imshow(d, cmap="viridis_r", aspect="auto")
     ax.set_xticks(range(len(al.cols)), al.cols, rotation=45, fontsize=8)
     ax.set_yticks(range(len(al.rows)), [f"claims {r}" for r in al.rows], fontsize=8)
