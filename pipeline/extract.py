@@ -26,7 +26,8 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     except EngineStartError as e:  # before any shard; the engine's traceback with hydra.verbose=pipeline
         log.debug("the engine's error in full", exc_info=e.__cause__)
-        log.error("%s; nothing was written (hydra.verbose=pipeline shows the engine's traceback)", e)
+        where = "hydra.verbose=pipeline shows" if e.__cause__ else "the engine actor's Ray log holds"
+        log.error("%s; nothing was written (%s the engine's traceback)", e, where)
         sys.exit(2)
     except DiffGateError as e:  # before any shard: the report says why
         log.error("stopped by the diff gate: %s", e)

@@ -23,10 +23,9 @@ from pipeline.compare.report import write_report
 from pipeline.config import ConfigError, DiffConfig, ExtractConfig, ProbeConfig, to_config
 from pipeline.data.prepare import prepare
 from pipeline.data.sample import PreparedSample
-from pipeline.data.sources import check_readable
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point, PointError, resolve
-from pipeline.run.resolve import resolve_model
+from pipeline.run.resolve import check_data_path, resolve_model
 
 log = logging.getLogger(__name__)
 _SMALL_ANALYSIS = 1 << 25  # values of the reference capture (tokens x points x hidden) below which one thread is faster
@@ -109,10 +108,7 @@ def report_config(cfg: DiffConfig, **extra: Any) -> dict[str, Any]:
 def run_diff(dcfg: DictConfig) -> DiffOutcome:
     started = time.perf_counter()
     cfg = to_config(dcfg)
-    try:
-        check_readable(cfg.data.path)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"data.path={cfg.data.path!r}: {e}") from e
+    check_data_path(cfg)
     model = resolve_model(cfg)
     entries = engine_entries(cfg, model)  # every config error surfaces here, before any engine starts
     out_dir = Path(cfg.out_dir)

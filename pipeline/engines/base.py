@@ -57,7 +57,8 @@ class EngineInfo:
 
 
 class EngineStartError(RuntimeError):
-    """The primary engine did not start, so nothing was written; the chained exception holds the engine's traceback."""
+    """The primary engine did not start, so nothing was written. Locally the chained exception holds the engine's
+    traceback; on Ray, the actor's log does."""
 
 
 def error_summary(e: BaseException) -> str:

@@ -58,11 +58,15 @@ class HFEngine(Engine):
         handle = self._norm.register_forward_hook(hook)
         try:
             with torch.inference_mode():
-                out = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False,
-                                 logits_to_keep=1)
+                out = self.model(input_ids=ids, attention_mask=mask, position_ids=self._position_ids(mask),
+                                 output_hidden_states=True, use_cache=False, logits_to_keep=1)
         finally:
             handle.remove()
         return out.hidden_states, seen
+
+    def _position_ids(self, mask: torch.Tensor) -> torch.Tensor | None:
+        """None: the model numbers positions itself (0.. per right-padded row). Engines built on this one override it."""
+        return None
 
     def _select(self, hidden: tuple[torch.Tensor, ...], normed: dict[str, torch.Tensor]) -> torch.Tensor:
         """[B, T, P, H] in request order."""

@@ -67,6 +67,18 @@ def finished_unit(run_dir: Path, index: int) -> UnitResult | None:
     return UnitResult(index=index, entry=entry, rejects=read_rejects(_rejects_path(run_dir, index)), skipped=True)
 
 
+def unfinished_units(run_dir: Path, num_units: int, on_finished: Callable[[UnitResult], None]) -> list[int]:
+    """Indices of the units still to run; each unit finished by an earlier invocation goes to `on_finished`."""
+    todo = []
+    for index in range(num_units):
+        finished = finished_unit(run_dir, index)
+        if finished is None:
+            todo.append(index)
+        else:
+            on_finished(finished)
+    return todo
+
+
 @dataclass(kw_only=True)
 class CaptureStage:
     engine: Engine

@@ -7,7 +7,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from pipeline.data.sample import PreparedSample
 from pipeline.engines.base import Capture, Engine, EngineInfo, EngineStartError, error_summary, make_engine
-from pipeline.run.capture import CaptureStage, StageSettings, UnitResult, finished_unit, run_units
+from pipeline.run.capture import CaptureStage, StageSettings, UnitResult, run_units, unfinished_units
 from pipeline.run.progress import RunProgress
 
 T = TypeVar("T")
@@ -64,14 +64,8 @@ class LocalExecutor:
         with RunProgress(units) as progress:
             def done(result: UnitResult) -> None:
                 results[result.index] = result
-                progress.unit_done(result, len(units[result.index]))
+                progress.unit_done(result)
 
-            todo = []
-            for index, unit in enumerate(units):
-                finished = finished_unit(run_dir, index)
-                if finished is None:
-                    todo.append((index, unit))
-                else:
-                    done(finished)
+            todo = [(index, units[index]) for index in unfinished_units(run_dir, len(units), done)]
             run_units(stage, run_dir, todo, done, overlap=settings.overlap_writes)
         return [results[i] for i in range(len(units))]

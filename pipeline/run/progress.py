@@ -20,6 +20,7 @@ class RunProgress:
 
     def __init__(self, units: Sequence[Sequence[PreparedSample]]) -> None:
         self._tokens = [sum(s.num_tokens for s in u) for u in units]
+        self._samples = [len(u) for u in units]
         self._num_units = len(units)
         self._left = sum(self._tokens)
         self._captured = 0
@@ -27,7 +28,8 @@ class RunProgress:
         self._started = time.perf_counter()
         self._bar = Progress(
             TextColumn("[bold]capture"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
-            TextColumn("{task.fields[samples_s]:>6.1f} samples/s"), TextColumn("{task.fields[tok_s]:>8.0f} tok/s"), TimeElapsedColumn(), TextColumn("ETA"),
+            TextColumn("{task.fields[samples_s]:>6.1f} samples/s"), TextColumn("{task.fields[tok_s]:>8.0f} tok/s"),
+            TimeElapsedColumn(), TextColumn("ETA"),
             TimeRemainingColumn(), console=Console(file=sys.stderr), disable=not sys.stderr.isatty())
         self._task = self._bar.add_task("capture", total=sum(len(u) for u in units), tok_s=0.0,
                                         samples_s=0.0)
@@ -39,8 +41,8 @@ class RunProgress:
     def __exit__(self, *exc: object) -> None:
         self._bar.stop()
 
-    def unit_done(self, result: UnitResult, num_samples: int) -> None:
-        tokens = self._tokens[result.index]
+    def unit_done(self, result: UnitResult) -> None:
+        tokens, num_samples = self._tokens[result.index], self._samples[result.index]
         self._left -= tokens
         if not result.skipped:  # finished earlier: counts as done, not as throughput
             self._captured += tokens

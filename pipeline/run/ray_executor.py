@@ -13,13 +13,14 @@ import logging
 import os
 import threading
 from collections import deque
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from pipeline.config import RunnerConfig
+from pipeline.config import ConfigError, RunnerConfig
 from pipeline.data.sample import PreparedSample
 from pipeline.engines.base import Capture, EngineInfo, EngineStartError, error_summary
-from pipeline.run.capture import StageSettings, UnitResult, finished_unit
+from pipeline.run.capture import CaptureStage, StageSettings, UnitResult, unfinished_units
 from pipeline.run.local import EngineSpec
 from pipeline.run.progress import RunProgress
 
@@ -37,8 +38,6 @@ class CaptureActor:
     """One engine replica. Wrapped by `ray.remote` at run time, so importing this module needs no Ray."""
 
     def __init__(self, spec: EngineSpec) -> None:
-        from pipeline.run.capture import CaptureStage
-
         self.engine = spec.make()
         self._start_error: str | None = None
         try:
@@ -48,11 +47,7 @@ class CaptureActor:
             log.debug("the engine's error in full", exc_info=True)
             self.engine.close()
             self._start_error = error_summary(e)
-        self._stage_cls = CaptureStage
         self._engine_lock = threading.Lock()  # engines are not thread-safe; writing needs no engine
-
-    def pid(self) -> int:
-        return os.getpid()
 
     def start_error(self) -> str | None:
         return self._start_error
@@ -71,7 +66,7 @@ class CaptureActor:
 
         if self._start_error:  # a replacement actor whose engine did not start: the unit fails with why
             raise RuntimeError(f"engine did not start: {self._start_error}")
-        stage = self._stage_cls(engine=self.engine, settings=settings)
+        stage = CaptureStage(engine=self.engine, settings=settings)
         try:
             with self._engine_lock:
                 captures = stage.capture(samples)
@@ -84,6 +79,9 @@ class CaptureActor:
 
 class RayExecutor:
     def __init__(self, spec: EngineSpec, cfg: RunnerConfig) -> None:
+        if find_spec("ray") is None:  # at construction: before the gate and any engine start
+            raise ConfigError("runner=ray needs Ray in this environment: pip install -e '.[ray]' "
+                              "(scripts/setup.sh installs it)")
         self.spec, self.cfg = spec, cfg
         self.actors: list[Any] = []
         self._started_ray = False
@@ -92,11 +90,7 @@ class RayExecutor:
     def _init_ray(self):
         for key, value in LOOPBACK_ENV.items():
             os.environ.setdefault(key, value)
-        try:
-            import ray
-        except ImportError as e:
-            raise RuntimeError("runner=ray needs Ray in this environment: pip install -e '.[ray]' "
-                               "(scripts/setup.sh installs it)") from e
+        import ray
 
         if not ray.is_initialized():
             env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
@@ -147,32 +141,24 @@ class RayExecutor:
 
         return ray.get(self.actors[0].probe.remote(list(samples)))
 
-    def actor_pids(self) -> list[int]:
-        import ray
-
-        return ray.get([a.pid.remote() for a in self.actors])
-
     def run(self, settings: StageSettings, run_dir: Path,
             units: Sequence[Sequence[PreparedSample]]) -> list[UnitResult]:
         import ray
 
         results: dict[int, UnitResult] = {}
         with RunProgress(units) as progress:
-            todo = deque()
-            for index, unit in enumerate(units):
-                done = finished_unit(run_dir, index)
-                if done is None:
-                    todo.append(index)
-                else:
-                    results[index] = done
-                    progress.unit_done(done, len(unit))
-            failures = self._dispatch(ray, settings, run_dir, units, todo, results, progress)
+            def done(result: UnitResult) -> None:
+                results[result.index] = result
+                progress.unit_done(result)
+
+            todo = deque(unfinished_units(run_dir, len(units), done))
+            failures = self._dispatch(ray, settings, run_dir, units, todo, done)
         if failures:
             raise UnitsFailed("; ".join(f"unit {i} ({units[i][0].sample_id}...): {err}"
                                         for i, err in sorted(failures.items())))
         return [results[i] for i in range(len(units))]
 
-    def _dispatch(self, ray, settings, run_dir, units, todo, results, progress) -> dict[int, str]:
+    def _dispatch(self, ray, settings, run_dir, units, todo, done) -> dict[int, str]:
         inflight: dict[Any, tuple[Any, int]] = {}
         failures: dict[int, str] = {}
 
@@ -195,8 +181,7 @@ class RayExecutor:
                 if isinstance(e, ray.exceptions.RayActorError):
                     continue  # that replica is gone for good: hand its share to the others
             else:
-                results[index] = result
-                progress.unit_done(result, len(units[index]))
+                done(result)
             submit(actor)
         for index in todo:  # every replica died
             failures[index] = "no live engine replica left"

@@ -72,13 +72,17 @@ def resolve_model(cfg: ExtractConfig) -> ModelInfo:
         raise ConfigError(str(e) if "model.path" in str(e) else f"model.path={cfg.model.path!r}: {e}") from e
 
 
-def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
-    _check_engine(cfg)
-    out_dir = _check_out_dir(cfg)
+def check_data_path(cfg: ExtractConfig) -> None:
     try:
         check_readable(cfg.data.path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"data.path={cfg.data.path!r}: {e}") from e
+
+
+def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
+    _check_engine(cfg)
+    out_dir = _check_out_dir(cfg)
+    check_data_path(cfg)
     model = resolve_model(cfg)
     try:
         points = resolve(cfg.capture.points, convention=cfg.capture.convention, family=model.family,

@@ -11,7 +11,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
-import numpy as np
 import torch
 
 from pipeline.data.sample import PreparedSample
@@ -64,28 +63,9 @@ class RemapHF(HFEngine):
 class PositionBugHF(HFEngine):
     name = "hf-positions"
 
-    def _forward(self, samples: Sequence[PreparedSample]):
-        lengths = [s.num_tokens for s in samples]
-        ids = torch.full((len(samples), max(lengths)), self._pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, s in enumerate(samples):
-            ids[i, : lengths[i]] = torch.from_numpy(s.input_ids_T.astype(np.int64))
-            mask[i, : lengths[i]] = 1
-        positions = torch.arange(ids.shape[1])[None].expand_as(ids)
-        positions = positions + (positions > 0) * int(self.options.get("position_shift", 1)) * len(samples)
-        seen: dict[str, torch.Tensor] = {}
-
-        def hook(_module, args, output) -> None:
-            seen["pre_norm"], seen["post_norm"] = args[0], output
-
-        handle = self._norm.register_forward_hook(hook)
-        try:
-            with torch.inference_mode():
-                out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                 output_hidden_states=True, use_cache=False, logits_to_keep=1)
-        finally:
-            handle.remove()
-        return out.hidden_states, seen
+    def _position_ids(self, mask: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(mask.shape[1])[None].expand_as(mask)
+        return positions + (positions > 0) * int(self.options.get("position_shift", 1)) * mask.shape[0]
 
 
 __all__ = ["RemapHF", "PositionBugHF", "registered"]
