@@ -19,6 +19,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 STORAGE_DTYPES = ("float8_e4m3fn",)
 LENGTH_POLICIES = ("truncate", "reject")
 GATE_MODES = ("stop", "warn", "off")
+GATE_HTML = ("on_failure", "always", "never")
 ALIGNMENT_POLICIES = ("fail", "warn")
 
 
@@ -187,12 +188,14 @@ class DiffConfig:
     routing_flips: RoutingFlipConfig = field(default_factory=RoutingFlipConfig)
     alignment: AlignmentConfig = field(default_factory=AlignmentConfig)
     logits: bool = True  # top-1 / KL through the checkpoint's final norm and LM head
-    html: bool = True  # report.html with plots (matplotlib)
+    html: bool = True  # python -m pipeline.diff: report.html with plots (matplotlib)
+    gate_html: str = "on_failure"  # extract: the gate's report.html: on_failure | always (after the run) | never
 
     def __post_init__(self) -> None:
         from pipeline.compare.spec import SpecError, parse_spec, parse_specs
 
         _require(self.gate in GATE_MODES, "diff.gate", self.gate, f"must be one of {GATE_MODES}")
+        _require(self.gate_html in GATE_HTML, "diff.gate_html", self.gate_html, f"must be one of {GATE_HTML}")
         try:
             parse_specs(self.engines, "diff.engines")
             parse_specs(self.gate_engines, "diff.gate_engines")

@@ -41,10 +41,14 @@ class GateOutcome:
     status: str  # pass | warn | fail | off
     summary: dict[str, Any]
     report_dir: Path | None = None
-    seconds: float = 0.0
     parts: dict[str, float] = field(default_factory=dict)  # where the gate's time went
     result: DiffResult | None = None
     lines: list[str] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        """The gate's whole cost, report.html drawn after the run included."""
+        return sum(self.parts.values())
 
 
 def off() -> GateOutcome:
@@ -118,15 +122,15 @@ class DiffGate:
         self.seconds["analysis"] = t2 - t1
         report_dir = self.out_dir / GATE_DIR
         result.seconds.update({f"gate {k}": v for k, v in self.seconds.items()})
-        # report.html waits for the end of the run unless the gate fails: plots are for people, not for the decision
-        self._html_due = c.diff.html
+        # Plots are for people, not for the decision: drawn now when the gate fails (the stop message points at
+        # them), after the run for diff.gate_html=always, and otherwise on demand from report.json.
+        fails = result.status == "fail"
+        self._html_due = not fails and c.diff.gate_html == "always"
         write_report(result, report_dir, config=report_config(c.diff, command="pipeline.extract gate"),
-                     html=c.diff.html and result.status == "fail")
-        if result.status == "fail":
-            self._html_due = False
+                     html=fails and c.diff.gate_html != "never")
         self.seconds["report"] = time.perf_counter() - t2
         outcome = GateOutcome(mode=c.diff.gate, status=result.status, report_dir=report_dir,
-                              seconds=sum(self.seconds.values()), parts=dict(self.seconds), result=result,
+                              parts=dict(self.seconds), result=result,
                               summary=summary(result, report=f"{GATE_DIR}/report.json"),
                               lines=result.failures + result.warnings)
         if result.status == "fail":
@@ -138,7 +142,8 @@ class DiffGate:
         return outcome
 
     def finish(self) -> None:
-        """After the run: report.html of a gate that did not fail (rendered off the capture's critical path)."""
+        """After the run: report.html of a gate that did not fail, with diff.gate_html=always (its time is counted in
+        the gate's cost)."""
         if not self._html_due or self.outcome is None or self.outcome.result is None:
             return
         from pipeline.compare.report import write_html
@@ -149,12 +154,18 @@ class DiffGate:
         self._html_due = False
 
 
+def _where(report_dir: Path) -> str:
+    d = report_dir.resolve()
+    if (d / "report.html").is_file():
+        return f"report: {d}/report.html (report.json, report.md beside it)"
+    return f"report: {d}/report.md (report.json beside it; plots: python -m pipeline.compare.html {d})"
+
+
 def _stop_message(result: DiffResult, report_dir: Path) -> str:
     shown = result.failures[:4]
     more = f"\n  ... and {len(result.failures) - len(shown)} more" if len(result.failures) > len(shown) else ""
     return ("the diff gate found the primary engine out of line with the reference, before any shard was written:\n"
-            + "\n".join(f"  - {f}" for f in shown) + more
-            + f"\nreport: {report_dir.resolve()}/report.html (report.json, report.md beside it)"
+            + "\n".join(f"  - {f}" for f in shown) + more + "\n" + _where(report_dir)
             + "\nfix the engine or its capture convention, or pass diff.gate=warn to capture anyway")
 
 
@@ -165,5 +176,5 @@ def describe(outcome: GateOutcome, run_seconds: float) -> list[str]:
     share = outcome.seconds / run_seconds if run_seconds > 0 else 0.0
     parts = ", ".join(f"{k} {v:.1f}s" for k, v in outcome.parts.items())
     lines = [f"diff gate: {outcome.status} (diff.gate={outcome.mode}) in {outcome.seconds:.1f}s = {share:.1%} of this "
-             f"run ({parts}); report: {outcome.report_dir.resolve() / 'report.html' if outcome.report_dir else '-'}"]
+             f"run ({parts}); {_where(outcome.report_dir) if outcome.report_dir else 'no report'}"]
     return lines + [f"  - {x}" for x in outcome.lines[:6]]

@@ -237,3 +237,27 @@ def to_html(result: DiffResult) -> str:
             out += _pair_section(p, t, plots=kind in ("reference", "pair") or p.verdict.status != "pass")
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m pipeline.compare.html REPORT_DIR`: draw report.html from the report.json in REPORT_DIR (a run's
+    diff/ directory, whose gate draws no plots unless it fails, or the out_dir of python -m pipeline.diff)."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    from pipeline.compare.report import load, write_html
+
+    parser = argparse.ArgumentParser(prog="python -m pipeline.compare.html", description="draw report.html from a report.json")
+    parser.add_argument("report_dir", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        result = load(args.report_dir)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(write_html(result, args.report_dir).resolve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,5 +1,8 @@
 """Writing a DiffResult: report.json (machine), report.md (people), report.html (people, with plots), the compact
-summary that goes into the manifest and every shard, and the verdict table printed in the terminal."""
+summary that goes into the manifest and every shard, and the verdict table printed in the terminal.
+
+report.json holds everything the other files are drawn from: `from_dict` rebuilds the DiffResult, so report.html can
+be drawn later, on any machine (`python -m pipeline.compare.html DIR`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,8 +12,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.compare.analyze import DiffResult, PairResult
+from pipeline.compare.align import Alignment, PointMatch
+from pipeline.compare.analyze import AnchorCheck, DiffResult, PairResult
+from pipeline.compare.judge import LogitStats, Verdict
+from pipeline.compare.metrics import PointStats
 from pipeline.compare.probe import EngineRun
+from pipeline.points import parse_points
 from pipeline.shards.layout import write_text_atomic
 
 FORMAT = "pipeline.diff/1"
@@ -41,7 +48,7 @@ def _pair(pair: PairResult) -> dict[str, Any]:
     return {"kind": pair.kind, "name": pair.name, "a": pair.a, "b": pair.b, "judged": pair.judged,
             "dtype": v.dtype, "status": v.status, "onset": v.onset, "last_within": v.last_within, "locus": v.locus,
             "routing_flips": v.routing_flips, "failures": v.failures, "warnings": v.warnings,
-            "point_status": v.point_status,
+            "headline": v.headline, "point_status": v.point_status, "labels": pair.labels,
             "points": {k: dataclasses.asdict(s) for k, s in pair.points.items()},
             "logits": dataclasses.asdict(pair.logits) if pair.logits else None}
 
@@ -57,6 +64,68 @@ def to_dict(result: DiffResult, *, config: dict[str, Any]) -> dict[str, Any]:
         "anchors": [dataclasses.asdict(a) for a in result.anchors],
         "seconds": {k: round(v, 3) for k, v in result.seconds.items()},
     })
+
+
+def _floats(x: Any) -> Any:
+    return [_floats(v) for v in x] if isinstance(x, list) else float(x)
+
+
+def _revive(cls: type, data: dict[str, Any]) -> Any:
+    """A report dataclass from its JSON form: the non-finite floats that `_clean` wrote as strings become floats."""
+    kw = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        v = data[f.name]
+        if f.type in ("float", "float | None") and isinstance(v, str):
+            v = float(v)
+        elif f.type in ("list[float]", "list[list[float]]"):
+            v = _floats(v)
+        kw[f.name] = v
+    return cls(**kw)
+
+
+def _pair_from(d: dict[str, Any]) -> PairResult:
+    points = {k: _revive(PointStats, s) for k, s in d["points"].items()}
+    verdict = Verdict(status=d["status"], dtype=d["dtype"], onset=d["onset"], last_within=d["last_within"],
+                      locus=d["locus"], routing_flips=d["routing_flips"], point_status=d["point_status"],
+                      failures=d["failures"], warnings=d["warnings"], headline=d.get("headline", ""))
+    return PairResult(kind=d["kind"], a=d["a"], b=d["b"], name=d["name"], labels=d.get("labels", list(points)),
+                      points=points, logits=_revive(LogitStats, d["logits"]) if d["logits"] else None,
+                      verdict=verdict, judged=d["judged"])
+
+
+def _alignment_from(d: dict[str, Any]) -> Alignment:
+    return _revive(Alignment, {**d, "matches": [_revive(PointMatch, m) for m in d["matches"]]})
+
+
+def from_dict(data: dict[str, Any]) -> DiffResult:
+    """The DiffResult a report.json was written from (everything its report.md and report.html show)."""
+    if data.get("format") != FORMAT:
+        raise ValueError(f"format {data.get('format')!r} is not a {FORMAT} report")
+    num_layers = data["model"]["num_layers"]
+    runs = [EngineRun(label=e["label"], role=e["role"], config=e["config"], info=e["info"], error=e["error"],
+                      ran_on=e.get("ran_on"), seconds=e["seconds"],
+                      points=parse_points(e["points"], num_layers=num_layers))
+            for e in data["engines"]]
+    return DiffResult(status=data["status"], reference=data["reference"], runs=runs,
+                      pairs=[_pair_from(p) for p in data["pairs"]],
+                      alignments=[_alignment_from(a) for a in data["alignment"]],
+                      anchors=[_revive(AnchorCheck, a) for a in data["anchors"]],
+                      failures=data["failures"], warnings=data["warnings"], probe=data["probe"], model=data["model"],
+                      thresholds=data["config"].get("thresholds", {}), seconds=data["seconds"])
+
+
+def load(report_dir: Path) -> DiffResult:
+    """The DiffResult of `report_dir/report.json`; a clear error when there is none or it is not a diff report."""
+    path = Path(report_dir) / "report.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (a report directory holds report.json: the run's diff/, or "
+                                "the out_dir of python -m pipeline.diff)")
+    try:
+        return from_dict(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a readable {FORMAT} report ({type(e).__name__}: {e})") from e
 
 
 def _sig(x: float | None, digits: int = 3) -> float | None:

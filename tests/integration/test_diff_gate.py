@@ -9,7 +9,7 @@ from safetensors import safe_open
 
 from diff_support import composed
 from faulty_engines import registered
-from pipeline.compare.gate import DiffGateError
+from pipeline.compare.gate import DiffGateError, describe
 from pipeline.run.job import run_extract
 
 pytestmark = pytest.mark.integration
@@ -33,16 +33,16 @@ def extract(out, *overrides):
 def test_a_convention_error_stops_extract_before_any_shard(tmp_path, models_root, remap, named):
     out = tmp_path / "run"
     with pytest.raises(DiffGateError) as stop:
-        extract(out, "engine.name=hf-remap", "engine.dtype=float32", f"+engine.options.remap={remap}",
-                "diff.html=false")
+        extract(out, "engine.name=hf-remap", "engine.dtype=float32", f"+engine.options.remap={remap}")
     message = str(stop.value)
+    # a failing gate draws its plots (diff.gate_html=on_failure): the message points at them
     assert named in message and f"report: {out.resolve()}/diff/report.html" in message
     assert "diff.gate=warn" in message  # how to proceed anyway
     assert sorted(p.name for p in out.iterdir()) == ["diff"]  # no shards, no manifest, no run record
     report = json.loads((out / "diff" / "report.json").read_text())
     assert report["status"] == "fail" and any(named in p for a in report["alignment"] for p in a["problems"])
     # the fixed engine then runs in the same directory
-    summary = extract(out, "engine.dtype=float32", "diff.html=false")
+    summary = extract(out, "engine.dtype=float32")
     assert summary.num_samples == 6 and summary.gate.status == "pass"
     assert (out / "manifest.json").is_file()
 
@@ -53,7 +53,9 @@ def test_the_default_run_passes_the_gate_and_records_it(tmp_path, models_root):
     gate = summary.gate
     assert gate.mode == "stop" and gate.status == "warn"  # bf16 vs float32 on an MoE model: routing flips
     assert 0 < gate.seconds < summary.seconds
-    assert (out / "diff" / "report.html").is_file()
+    # a gate the run went through draws no plots (diff.gate_html=on_failure); they can be drawn from report.json
+    assert sorted(p.name for p in (out / "diff").iterdir()) == ["report.json", "report.md"]
+    assert f"plots: python -m pipeline.compare.html {(out / 'diff').resolve()}" in describe(gate, summary.seconds)[0]
     manifest = json.loads((out / "manifest.json").read_text())
     diff = manifest["provenance"]["diff"]
     assert diff["status"] == "warn" and diff["report"] == "diff/report.json"
@@ -72,8 +74,9 @@ def test_the_default_run_passes_the_gate_and_records_it(tmp_path, models_root):
 def test_warn_mode_captures_anyway_and_says_so(tmp_path, models_root):
     out = tmp_path / "run"
     summary = extract(out, "engine.name=hf-remap", "engine.dtype=float32", "+engine.options.remap={b4:b5}",
-                      "diff.gate=warn", "diff.html=false")
+                      "diff.gate=warn", "diff.gate_html=never")
     assert summary.gate.status == "fail" and summary.num_samples == 6
+    assert not (out / "diff" / "report.html").exists()
     diff = json.loads((out / "manifest.json").read_text())["provenance"]["diff"]
     assert diff["status"] == "fail" and diff["alignment_problems"][0].startswith(
         "hf-remap@float32 (primary)'s b4 is reference b5")
@@ -94,3 +97,13 @@ def test_a_reference_that_cannot_run_is_a_config_error_before_any_work(tmp_path,
                                           r"environment, but /nowhere/bin/python does not exist"):
         extract(out, "diff.reference={name:hf,options:{python:/nowhere/bin/python}}")
     assert not out.exists()
+
+
+def test_always_draws_the_plots_after_the_run_and_counts_them(tmp_path, models_root):
+    out = tmp_path / "run"
+    summary = extract(out, "engine.dtype=float32", "diff.gate_html=always")
+    gate = summary.gate
+    assert gate.status == "pass" and (out / "diff" / "report.html").is_file()
+    drawn = gate.parts["report.html (after the run)"]
+    assert drawn > 0 and gate.seconds == pytest.approx(sum(gate.parts.values()))
+    assert f"report: {(out / 'diff').resolve()}/report.html" in describe(gate, summary.seconds)[0]

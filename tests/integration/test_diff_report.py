@@ -3,6 +3,7 @@ rendered by headless Chromium without console errors (a screenshot is taken)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import sys
 import pytest
 
 from diff_support import REPO, SMALL_PROBE, composed
+from pipeline.compare.html import to_html
+from pipeline.compare.report import from_dict
 from pipeline.compare.stage import run_diff
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -66,6 +69,35 @@ def test_the_html_renders_in_headless_chromium(cli_run, tmp_path):
     assert console == [], console
     assert shot.stat().st_size > 20_000  # a rendered page with plots, not a blank one
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_html_is_drawn_again_from_report_json(cli_run, tmp_path):
+    """report.json holds all the HTML shows: drawn from it (later, on any machine) the plots are the same bytes."""
+    out, _ = cli_run
+    shown = (out / "report.html").read_text()
+    again = to_html(from_dict(json.loads((out / "report.json").read_text())))
+    images = re.compile(r'<img alt="plot" src="data:image/png;base64,[^"]+">')
+    assert images.findall(again) == images.findall(shown) and len(images.findall(shown)) >= 4
+    # the engines' times are kept to the millisecond in report.json: the one cell that may round differently
+    timing = re.compile(r"<td>\d+\.\ds</td>")
+    assert timing.sub("", images.sub("", again)) == timing.sub("", images.sub("", shown))
+    # as a command, into a copy of the report directory
+    (tmp_path / "report.json").write_bytes((out / "report.json").read_bytes())
+    proc = subprocess.run([sys.executable, "-m", "pipeline.compare.html", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == str((tmp_path / "report.html").resolve())
+    assert images.findall((tmp_path / "report.html").read_text()) == images.findall(shown)
+
+
+def test_drawing_html_from_a_directory_without_a_report_says_so(tmp_path):
+    (tmp_path / "report.json").write_text('{"format": "something/else"}')
+    for where, said in ((tmp_path / "none", "report.json: no such file"),
+                        (tmp_path, "not a readable pipeline.diff/1 report (ValueError: format 'something/else'")):
+        proc = subprocess.run([sys.executable, "-m", "pipeline.compare.html", str(where)], cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+    assert not (tmp_path / "report.html").exists()
 
 
 def test_an_engine_that_cannot_start_is_reported_not_fatal(tmp_path, models_root):

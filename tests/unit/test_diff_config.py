@@ -38,6 +38,7 @@ def test_an_entry_equal_to_the_reference_is_the_reference():
 
 @pytest.mark.parametrize("override, match", [
     ("diff.gate=maybe", r"diff\.gate='maybe'"),
+    ("diff.gate_html=sometimes", r"diff\.gate_html='sometimes': must be one of \('on_failure', 'always', 'never'\)"),
     ("diff.engines=[hf@fp64]", r"diff\.engines\[0\]='hf@fp64': dtype 'fp64' must be one of"),
     ("diff.engines=[{dtype:float32}]", r"an engine entry needs a name"),
     ("diff.engines=[{name:hf,colour:red}]", r"unknown key\(s\) \['colour'\]"),
