@@ -1,7 +1,9 @@
 """Pickle-free framing between the pipeline and an engine worker in another virtualenv.
 
-A message is `<u64 header length><u64 payload length><JSON header><safetensors payload>`; tensors travel as
-safetensors bytes, so nothing on either side ever unpickles data from the other.
+A message is `<u64 header length><u64 payload length><JSON header><safetensors payload>`; tensors travel in the
+safetensors format, so nothing on either side ever unpickles data from the other. A payload is streamed tensor by
+tensor into the pipe and read into one buffer whose tensors are views of it: a capture is not copied on its way
+through (each copy of a shard's hidden states costs ~0.05 s per 100 MB on a CPU node).
 """
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ import struct
 from typing import Any, BinaryIO
 
 import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+
+from pipeline.shards.stfile import DTYPE_CODES, TensorSpec, header_bytes, tensors_from_buffer
 
 _PREFIX = struct.Struct("<QQ")
 
@@ -20,28 +22,44 @@ class WorkerGone(RuntimeError):
     """The other side closed the pipe (it exited or crashed)."""
 
 
+def _layout(tensors: dict[str, torch.Tensor]) -> tuple[bytes, list[torch.Tensor]]:
+    """The safetensors header and the tensors in payload order: widest dtype first, so every tensor starts on its
+    natural alignment in the receiver's buffer (the data start is 8-aligned)."""
+    named = sorted(((k, v.detach().contiguous()) for k, v in tensors.items()), key=lambda kv: -kv[1].element_size())
+    specs = []
+    for name, t in named:
+        if t.dtype not in DTYPE_CODES:
+            raise TypeError(f"tensor {name!r}: dtype {t.dtype} cannot be sent (one of {list(DTYPE_CODES)})")
+        specs.append(TensorSpec(name=name, dtype_code=DTYPE_CODES[t.dtype], shape=tuple(t.shape),
+                                num_bytes=t.numel() * t.element_size()))
+    return header_bytes(specs, {}), [t for _, t in named]
+
+
 def send(f: BinaryIO, header: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> None:
-    payload = st_save({k: v.contiguous() for k, v in tensors.items()}) if tensors else b""
     head = json.dumps(header).encode()
-    f.write(_PREFIX.pack(len(head), len(payload)))
+    st_head, ordered = _layout(tensors) if tensors else (b"", [])
+    f.write(_PREFIX.pack(len(head), len(st_head) + sum(t.numel() * t.element_size() for t in ordered)))
     f.write(head)
-    f.write(payload)
+    f.write(st_head)
+    for t in ordered:
+        if t.numel():
+            f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
     f.flush()
 
 
-def _read_exact(f: BinaryIO, n: int) -> bytes:
-    chunks, remaining = [], n
-    while remaining:
-        chunk = f.read(remaining)
-        if not chunk:
-            raise WorkerGone(f"pipe closed after {n - remaining} of {n} bytes")
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
+def _read_exact(f: BinaryIO, n: int) -> bytearray:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        read = f.readinto(view[got:])
+        if not read:
+            raise WorkerGone(f"pipe closed after {got} of {n} bytes")
+        got += read
+    return buf
 
 
 def recv(f: BinaryIO) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     head_len, payload_len = _PREFIX.unpack(_read_exact(f, _PREFIX.size))
     header = json.loads(_read_exact(f, head_len))
-    tensors = st_load(_read_exact(f, payload_len)) if payload_len else {}
+    tensors = tensors_from_buffer(_read_exact(f, payload_len)) if payload_len else {}
     return header, tensors

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterable, Mapping
@@ -19,6 +22,15 @@ import torch
 
 _ALIGN = 8
 _MAX_HEADER_BYTES = 100 << 20  # a guard against reading a corrupt length as a huge allocation
+_MAX_PENDING = 64 << 20  # bytes written but not yet hashed
+
+
+# torch dtype <-> safetensors code, for everything the pipeline stores or sends
+DTYPE_CODES: dict[torch.dtype, str] = {
+    torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float8_e4m3fn: "F8_E4M3",
+    torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL",
+}
+CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +49,7 @@ class TensorInfo:
     end: int  # absolute file offset one past the last byte
 
 
-def _header_bytes(specs: Iterable[TensorSpec], metadata: Mapping[str, str]) -> bytes:
+def header_bytes(specs: Iterable[TensorSpec], metadata: Mapping[str, str]) -> bytes:
     header: dict[str, object] = {"__metadata__": dict(metadata)}
     offset = 0
     for spec in specs:
@@ -54,22 +66,44 @@ class StreamingWriter:
     """Writes one safetensors file whose tensor list is declared up front and whose data arrives in chunks.
 
     Chunks must arrive in declaration order; `close` checks every declared byte was written. The sha256 and size of
-    everything written are available afterwards, so the file never has to be read back to be hashed.
+    everything written are available afterwards, so the file never has to be read back to be hashed. The hashing runs
+    on a helper thread while the main thread copies the same chunk into the page cache (both release the GIL): a shard
+    costs about max(write, hash) instead of their sum. A chunk is held until it is hashed (at most _MAX_PENDING bytes
+    of them), so a caller must not modify one in place before `close`. Use it as a context manager: leaving the block
+    stops the helper thread, also when the write fails half way.
     """
 
     def __init__(self, f: BinaryIO, specs: list[TensorSpec], metadata: Mapping[str, str]) -> None:
         self._f = f
         self._specs = specs
         self._sha = hashlib.sha256()
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-sha256")
+        self._pending: deque[tuple[Future, int]] = deque()
+        self._pending_bytes = 0
         self.num_bytes = 0
         self._expected = sum(s.num_bytes for s in specs)
-        self._write(_header_bytes(specs, metadata))
+        self._write(header_bytes(specs, metadata))
         self._data_start = self.num_bytes
 
+    def __enter__(self) -> "StreamingWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hasher.shutdown(wait=True, cancel_futures=True)
+
     def _write(self, data: bytes | memoryview) -> None:
+        size = len(data) if isinstance(data, bytes) else data.nbytes
+        self._pending.append((self._hasher.submit(self._sha.update, data), size))  # one thread: updates in order
+        self._pending_bytes += size
         self._f.write(data)
-        self._sha.update(data)
-        self.num_bytes += len(data)
+        self.num_bytes += size
+        while self._pending_bytes > _MAX_PENDING:
+            self._settle()
+
+    def _settle(self) -> None:
+        done, size = self._pending.popleft()
+        done.result()
+        self._pending_bytes -= size
 
     def write_chunk(self, tensor: torch.Tensor) -> None:
         """Append the raw bytes of a tensor (any dtype torch can view as bytes)."""
@@ -80,6 +114,9 @@ class StreamingWriter:
         self._write(memoryview(np.ascontiguousarray(array)).cast("B"))
 
     def close(self) -> str:
+        """The sha256 of everything written; raises when the data do not fill the declared tensors."""
+        while self._pending:
+            self._settle()
         written = self.num_bytes - self._data_start
         if written != self._expected:
             raise ValueError(f"safetensors data: wrote {written} bytes, header declares {self._expected}")
@@ -128,3 +165,33 @@ def read_range(path: Path, info: TensorInfo, torch_dtype: torch.dtype, row_bytes
         if f.readinto(buf) != size:
             raise ValueError(f"{path.name}: file ends before byte {begin + size}")
     return torch.frombuffer(buf, dtype=torch_dtype) if size else torch.empty(0, dtype=torch_dtype)
+
+
+def tensors_from_buffer(buf: bytearray) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors image in memory, as views of `buf` (no copy; they keep `buf` alive).
+
+    For data that never touches a disk (the engine worker's pipe); files are read with the safetensors library.
+    """
+    view = memoryview(buf)
+    if len(view) < 8:
+        raise ValueError(f"safetensors image of {len(view)} bytes is too short for a header")
+    (header_len,) = struct.unpack_from("<Q", view)
+    if header_len > len(view) - 8:
+        raise ValueError(f"safetensors header length {header_len} exceeds the image ({len(view)} bytes)")
+    header = json.loads(bytes(view[8:8 + header_len]))
+    header.pop("__metadata__", None)
+    data_start = 8 + header_len
+    out = {}
+    for name, entry in header.items():
+        dtype = CODE_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise ValueError(f"tensor {name!r}: dtype {entry['dtype']!r} is not one of {sorted(CODE_DTYPES)}")
+        begin, end = entry["data_offsets"]
+        shape = tuple(entry["shape"])
+        count = (end - begin) // torch.empty(0, dtype=dtype).element_size()
+        if count != math.prod(shape) or data_start + end > len(view):
+            raise ValueError(f"tensor {name!r}: {end - begin} bytes at {begin} do not hold shape {list(shape)} "
+                             f"of {entry['dtype']} inside the image")
+        out[name] = (torch.frombuffer(buf, dtype=dtype, count=count, offset=data_start + begin).view(shape) if count
+                     else torch.empty(shape, dtype=dtype))
+    return out

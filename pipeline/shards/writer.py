@@ -118,8 +118,8 @@ def _write_safetensors(path: Path, items: Sequence[Item], *, hidden_size: int, n
                         num_bytes=num_tokens * num_points * hidden_size * item_bytes),
              TensorSpec(name=layout.LOSS_MASK, dtype_code="U8", shape=(num_tokens,), num_bytes=num_tokens)]
     num_saturated = 0
-    with open(path, "wb") as f:
-        out = StreamingWriter(f, specs, metadata)
+    # "r+b": the temp file is new and empty, and a truncating open makes ext4 flush it on close (auto_da_alloc).
+    with open(path, "r+b") as f, StreamingWriter(f, specs, metadata) as out:
         for sample, _ in items:
             out.write_array(sample.input_ids_T.astype("<i8", copy=False))
         out.write_array(offsets.astype("<i8", copy=False))
