@@ -12,7 +12,7 @@ import pytest
 
 from diff_support import REPO, SMALL_PROBE, composed
 from pipeline.compare.html import to_html
-from pipeline.compare.report import from_dict
+from pipeline.compare.report import from_dict, load
 from pipeline.compare.stage import run_diff
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -109,3 +109,5 @@ def test_an_engine_that_cannot_start_is_reported_not_fatal(tmp_path, models_root
                                          "environment, but /nowhere/bin/python does not exist")
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["engines"][1]["error"] and report["status"] == "fail"
+    drawn = to_html(load(tmp_path))  # a failed report is drawn from its report.json too
+    assert 'Cross-framework diff: FAIL' in drawn and "engine broken did not run" in drawn

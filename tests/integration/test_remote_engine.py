@@ -1,6 +1,7 @@
 """An engine in a worker process (how vLLM and SGLang run in their own virtualenvs), exercised with the HF engine."""
 from __future__ import annotations
 
+import fcntl
 import sys
 
 import numpy as np
@@ -35,6 +36,8 @@ def test_remote_equals_in_process_bit_for_bit(tiny_model):
         expected, local_info = local.capture(batch), local.info()
     with RemoteEngine(target=HF, python=sys.executable, **kwargs(path)) as remote:
         got, remote_info = remote.capture(batch), remote.info()
+        if hasattr(fcntl, "F_GETPIPE_SZ"):  # Linux: the captures come through a 1 MiB pipe, not a 64 KiB one
+            assert fcntl.fcntl(remote._rx.fileno(), fcntl.F_GETPIPE_SZ) == 1 << 20
     assert [c.sample_id for c in got] == [s.sample_id for s in batch]
     for e, g in zip(expected, got):
         assert g.hidden_states_TPH.dtype == torch.float32
