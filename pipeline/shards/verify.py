@@ -2,7 +2,8 @@
 
 Checks, in order: the manifest parses and has what the format needs; every listed file exists with the recorded
 size and sha256; no file in shards/ is unlisted; each shard's header, offsets, finiteness and Parquet rows agree with
-the manifest (verify_shard.py); sample ids are unique across the run; totals equal the manifest's counts.
+the manifest (verify_shard.py), its metadata included: engine, capture convention, model and code as the manifest's
+provenance records them; sample ids are unique across the run; totals equal the manifest's counts.
 """
 from __future__ import annotations
 
@@ -31,7 +32,24 @@ def _expected(manifest: dict[str, Any]) -> tuple[Expected | None, list[str]]:
         problems.append(f"manifest shards is a {type(manifest['shards']).__name__}, not a list")
     if problems:
         return None, problems
-    return Expected(points=points, hidden_size=hidden_size, dtype=dtype), []
+    return Expected(points=points, hidden_size=hidden_size, dtype=dtype,
+                    provenance=_shard_provenance(manifest.get("provenance"))), []
+
+
+# What every shard must share with its run. Not the diff gate's summary (nor the digest over it): a resumed run
+# re-runs the gate, and an engine that is not deterministic gives other figures without the shards being different.
+SHARED_PROVENANCE = ("engine", "capture", "model", "code")
+
+
+def _shard_provenance(prov: Any) -> dict[str, str] | None:
+    """The shard metadata a pipeline provenance record implies; None for a manifest without one."""
+    from pipeline.provenance import compact
+
+    try:
+        implied = compact(prov)
+    except (KeyError, TypeError):
+        return None
+    return {k: implied[k] for k in SHARED_PROVENANCE}
 
 
 def _entries(manifest: dict[str, Any], expect: Expected) -> tuple[list[ShardEntry], list[str]]:

@@ -29,6 +29,7 @@ class Expected:
     points: list[str]
     hidden_size: int
     dtype: str
+    provenance: dict[str, str] | None = None  # the shard metadata the manifest's provenance implies (None: no record)
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -69,7 +70,16 @@ def _metadata_problems(name: str, meta: dict[str, str], expect: Expected) -> lis
     version = meta.get(layout.META_FORMAT_VERSION)
     if version != layout.FORMAT_VERSION:
         problems.append(f"{name}: metadata format_version={version!r} != {layout.FORMAT_VERSION!r}")
+    for key, want in (expect.provenance or {}).items():
+        got = meta.get(key)
+        if got != want:
+            problems.append(f"{name}: metadata {key} {_short(got)} != the manifest's provenance {_short(want)} (a "
+                            "shard written by another engine, model or code version than the run)")
     return problems
+
+
+def _short(text: str | None, limit: int = 160) -> str:
+    return repr(text) if text is None or len(text) <= limit else repr(text[:limit] + "...")
 
 
 def _offset_problems(name: str, offsets: np.ndarray, num_tokens: int) -> list[str]:

@@ -61,6 +61,23 @@ def test_manifest_and_shards_carry_provenance(finished_run):
     assert json.loads(meta["engine"])["framework"] == "transformers"
 
 
+def test_verify_names_shards_whose_provenance_is_not_the_runs(tmp_path, finished_run):
+    """As if a shard had been written by another engine version than the one the manifest records."""
+    out, _ = finished_run
+    run = tmp_path / "run"
+    subprocess.run(["cp", "-a", str(out), str(run)], check=True)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["provenance"]["engine"]["framework_version"] = "0.0-other"
+    manifest["provenance"]["diff"]["status"] = "pass"  # the gate's figures are not compared: a resume re-runs it
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    proc = cli("pipeline.verify", str(run))
+    assert proc.returncode != 0
+    named = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines() if "metadata engine" in line]
+    assert len(named) == len(manifest["shards"]), proc.stdout + proc.stderr
+    assert "0.0-other" in named[0] and "the manifest's provenance" in named[0]
+    assert not any("metadata diff" in line for line in proc.stdout.splitlines() + proc.stderr.splitlines())
+
+
 def test_embedding_point_is_the_checkpoint_table_row(finished_run, tiny_model):
     out, _ = finished_run
     from safetensors.torch import load_file
