@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -238,21 +237,14 @@ def to_markdown(result: DiffResult) -> str:
     return "\n".join(out) + "\n"
 
 
-def _write(path: Path, text: str) -> None:
-    write_text_atomic(path, text)
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o666 & ~umask)  # a report is for people: readable like any file they create
-
-
 def write_report(result: DiffResult, out_dir: Path, *, config: dict[str, Any], html: bool) -> Path:
     """report.json, report.md and (html=True) report.html in out_dir; stale files of an earlier report go first."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in REPORT_FILES:
         (out_dir / name).unlink(missing_ok=True)
     data = to_dict(result, config=config)
-    _write(out_dir / "report.json", json.dumps(data, indent=1, allow_nan=False) + "\n")
-    _write(out_dir / "report.md", to_markdown(result))
+    write_text_atomic(out_dir / "report.json", json.dumps(data, indent=1, allow_nan=False) + "\n")
+    write_text_atomic(out_dir / "report.md", to_markdown(result))
     if html:
         write_html(result, out_dir)
     return out_dir
@@ -261,7 +253,7 @@ def write_report(result: DiffResult, out_dir: Path, *, config: dict[str, Any], h
 def write_html(result: DiffResult, out_dir: Path) -> Path:
     from pipeline.compare.html import to_html
 
-    _write(out_dir / "report.html", to_html(result))
+    write_text_atomic(out_dir / "report.html", to_html(result))
     return out_dir / "report.html"
 
 

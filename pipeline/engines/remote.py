@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -26,7 +27,7 @@ def _widen(fd: int) -> None:
     try:
         import fcntl
 
-        limit = int(open("/proc/sys/fs/pipe-max-size").read())
+        limit = int(Path("/proc/sys/fs/pipe-max-size").read_text())
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, min(_PIPE_BYTES, limit))
     except (ImportError, AttributeError, OSError, ValueError):  # not Linux, or not allowed: the default pipe works
         pass

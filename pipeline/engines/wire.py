@@ -22,9 +22,9 @@ class WorkerGone(RuntimeError):
     """The other side closed the pipe (it exited or crashed)."""
 
 
-def _layout(tensors: dict[str, torch.Tensor]) -> tuple[bytes, list[torch.Tensor]]:
-    """The safetensors header and the tensors in payload order: widest dtype first, so every tensor starts on its
-    natural alignment in the receiver's buffer (the data start is 8-aligned)."""
+def _layout(tensors: dict[str, torch.Tensor]) -> tuple[bytes, list[torch.Tensor], int]:
+    """The safetensors header, the tensors in payload order and the payload's size. Widest dtype first, so every
+    tensor starts on its natural alignment in the receiver's buffer (the data start is 8-aligned)."""
     named = sorted(((k, v.detach().contiguous()) for k, v in tensors.items()), key=lambda kv: -kv[1].element_size())
     specs = []
     for name, t in named:
@@ -32,13 +32,14 @@ def _layout(tensors: dict[str, torch.Tensor]) -> tuple[bytes, list[torch.Tensor]
             raise TypeError(f"tensor {name!r}: dtype {t.dtype} cannot be sent (one of {list(DTYPE_CODES)})")
         specs.append(TensorSpec(name=name, dtype_code=DTYPE_CODES[t.dtype], shape=tuple(t.shape),
                                 num_bytes=t.numel() * t.element_size()))
-    return header_bytes(specs, {}), [t for _, t in named]
+    head = header_bytes(specs, {})
+    return head, [t for _, t in named], len(head) + sum(spec.num_bytes for spec in specs)
 
 
 def send(f: BinaryIO, header: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> None:
     head = json.dumps(header).encode()
-    st_head, ordered = _layout(tensors) if tensors else (b"", [])
-    f.write(_PREFIX.pack(len(head), len(st_head) + sum(t.numel() * t.element_size() for t in ordered)))
+    st_head, ordered, payload_len = _layout(tensors) if tensors else (b"", [], 0)
+    f.write(_PREFIX.pack(len(head), payload_len))
     f.write(head)
     f.write(st_head)
     for t in ordered:

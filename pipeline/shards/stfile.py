@@ -130,20 +130,30 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     """
     file_bytes = Path(path).stat().st_size
     with open(path, "rb") as f:
-        prefix = f.read(8)
-        if len(prefix) != 8:
-            raise ValueError(f"{path.name}: {file_bytes} bytes, too short for a safetensors header")
-        (header_len,) = struct.unpack("<Q", prefix)
-        if header_len > min(_MAX_HEADER_BYTES, file_bytes - 8):
-            raise ValueError(f"{path.name}: header length {header_len} exceeds the file ({file_bytes} bytes)")
-        try:
-            header = json.loads(f.read(header_len))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path.name}: header is not valid JSON ({exc})") from exc
+        header_len = _header_length(f.read(8), file_bytes, path.name, "file")
+        return _tensor_infos(f.read(header_len), 8 + header_len, path.name)
+
+
+def _header_length(prefix: bytes, size: int, where: str, what: str) -> int:
+    """The JSON header's length from the first 8 bytes of a safetensors image of `size` bytes."""
+    if len(prefix) != 8:
+        raise ValueError(f"{where}: {size} bytes, too short for a header")
+    (header_len,) = struct.unpack("<Q", prefix)
+    if header_len > min(_MAX_HEADER_BYTES, size - 8):
+        raise ValueError(f"{where}: header length {header_len} exceeds the {what} ({size} bytes)")
+    return header_len
+
+
+def _tensor_infos(raw: bytes, data_start: int, where: str) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Tensor infos (absolute offsets) and metadata from the JSON header of an image whose data start at
+    `data_start`."""
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{where}: header is not valid JSON ({exc})") from exc
     if not isinstance(header, dict):
-        raise ValueError(f"{path.name}: header is a {type(header).__name__}, not an object")
+        raise ValueError(f"{where}: header is a {type(header).__name__}, not an object")
     metadata = header.pop("__metadata__", None) or {}
-    data_start = 8 + header_len
     infos = {}
     for name, entry in header.items():
         begin, end = entry["data_offsets"]
@@ -172,26 +182,18 @@ def tensors_from_buffer(buf: bytearray) -> dict[str, torch.Tensor]:
 
     For data that never touches a disk (the engine worker's pipe); files are read with the safetensors library.
     """
-    view = memoryview(buf)
-    if len(view) < 8:
-        raise ValueError(f"safetensors image of {len(view)} bytes is too short for a header")
-    (header_len,) = struct.unpack_from("<Q", view)
-    if header_len > len(view) - 8:
-        raise ValueError(f"safetensors header length {header_len} exceeds the image ({len(view)} bytes)")
-    header = json.loads(bytes(view[8:8 + header_len]))
-    header.pop("__metadata__", None)
-    data_start = 8 + header_len
+    where = "safetensors image"
+    header_len = _header_length(bytes(buf[:8]), len(buf), where, "image")
+    infos, _ = _tensor_infos(bytes(buf[8:8 + header_len]), 8 + header_len, where)
     out = {}
-    for name, entry in header.items():
-        dtype = CODE_DTYPES.get(entry["dtype"])
+    for name, info in infos.items():
+        dtype = CODE_DTYPES.get(info.dtype_code)
         if dtype is None:
-            raise ValueError(f"tensor {name!r}: dtype {entry['dtype']!r} is not one of {sorted(CODE_DTYPES)}")
-        begin, end = entry["data_offsets"]
-        shape = tuple(entry["shape"])
-        count = (end - begin) // torch.empty(0, dtype=dtype).element_size()
-        if count != math.prod(shape) or data_start + end > len(view):
-            raise ValueError(f"tensor {name!r}: {end - begin} bytes at {begin} do not hold shape {list(shape)} "
-                             f"of {entry['dtype']} inside the image")
-        out[name] = (torch.frombuffer(buf, dtype=dtype, count=count, offset=data_start + begin).view(shape) if count
-                     else torch.empty(shape, dtype=dtype))
+            raise ValueError(f"tensor {name!r}: dtype {info.dtype_code!r} is not one of {sorted(CODE_DTYPES)}")
+        count = (info.end - info.start) // torch.empty(0, dtype=dtype).element_size()
+        if count != math.prod(info.shape) or info.end > len(buf):
+            raise ValueError(f"tensor {name!r}: {info.end - info.start} bytes at {info.start} do not hold shape "
+                             f"{list(info.shape)} of {info.dtype_code} inside the image")
+        out[name] = (torch.frombuffer(buf, dtype=dtype, count=count, offset=info.start).view(info.shape) if count
+                     else torch.empty(info.shape, dtype=dtype))
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipeline.provenance import compact
 from pipeline.shards import layout
 from pipeline.shards.manifest import ManifestError, read_manifest
 from pipeline.shards.verify_shard import Expected, check_shard
@@ -43,8 +44,6 @@ SHARED_PROVENANCE = ("engine", "capture", "model", "code")
 
 def _shard_provenance(prov: Any) -> dict[str, str] | None:
     """The shard metadata a pipeline provenance record implies; None for a manifest without one."""
-    from pipeline.provenance import compact
-
     try:
         implied = compact(prov)
     except (KeyError, TypeError):
