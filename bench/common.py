@@ -1,10 +1,16 @@
 """What the engine throughput benches share: the same prompts, and the pipeline's capture stage as extract runs it."""
 from __future__ import annotations
 
+import os
+import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# The benches' own engines (bench/timed_engines.py) are imported as `bench.*` here and in the engine workers, which
+# start from the working directory: both resolve from the repository root.
+sys.path.insert(0, str(REPO))
+os.chdir(REPO)
 BUNDLED = REPO / "pipeline" / "data" / "bundled" / "conversations.jsonl"
 
 

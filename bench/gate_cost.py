@@ -20,8 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from statistics import median
 from pathlib import Path
+from statistics import median
 
 REPO = Path(__file__).resolve().parents[1]
 _GATE = re.compile(r"diff gate: (\w+) \(diff\.gate=\w+\) in ([\d.]+)s = ([\d.]+)% of this run")

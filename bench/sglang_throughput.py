@@ -4,8 +4,8 @@
                                                 [--lists]
 
 Plain prefill: the real serving path, `sglang.Engine.generate(max_new_tokens=1)` over all prompts at once, no capture
-(`pipeline.engines.sglang_serving`, its own process). Capture+write: the pipeline's capture stage through
-`make_engine("sglang")` (SGLang's model runner in the engine's worker, aux capture + final norm + embedding, transfer
+(`bench/sglang_serving.py`, its own process). Capture+write: the pipeline's capture stage through
+`make_engine` (SGLang's model runner in the engine's worker, aux capture + final norm + embedding, transfer
 to this process, validation, safetensors + parquet shard writes; in units of
 --tokens-per-shard, one after the other: runner.overlap_writes=false, the default). Runner forward: the same runner's forwards alone
 (`engine.call("forward_seconds")`: aux capture included, nothing transferred or written), which isolates the
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 from common import capture_and_write, prepared_samples
@@ -32,7 +31,7 @@ def runner_forward_seconds(engine, samples, batch_size: int) -> float:
 
 
 def lists_round(path: Path, dtype: str, prompts, aux_ids) -> None:
-    from pipeline.engines.sglang_serving_client import ServingEngine
+    from bench.sglang_serving_client import ServingEngine
 
     tokens = sum(len(p) for p in prompts)
     with ServingEngine(str(path), prompts, dtype=dtype, aux_ids=aux_ids) as served:
@@ -57,8 +56,10 @@ def parse_args() -> argparse.Namespace:
 
 def alternate(args, path: Path, info, samples, work: Path) -> tuple[dict[str, list[float]], list[int]]:
     """Seconds per repeat of each path, all three engines alive; and the aux ids the pipeline used."""
-    from pipeline.engines.base import make_engine
-    from pipeline.engines.sglang_serving_client import ServingEngine
+    from bench.sglang_serving_client import ServingEngine
+    from bench.timed_engines import register_timed_engines
+    from pipeline.core.contracts import EngineSpec
+    from pipeline.engines.registry import make_engine
     from pipeline.points import parse_points
     from pipeline.run.capture import StageSettings
 
@@ -68,10 +69,11 @@ def alternate(args, path: Path, info, samples, work: Path) -> tuple[dict[str, li
                              storage_dtype=None, metadata={"bench": "sglang_throughput"})
     print(f"model {args.model} (dtype {args.dtype}), {len(samples)} prompts, {tokens} tokens, "
           f"points {[p.label for p in points]}, pipeline batch size {args.batch_size}")
-    kwargs = dict(model_path=str(path), dtype=args.dtype, points=points, num_layers=n, options={})
+    register_timed_engines()
+    spec = EngineSpec(name="sglang-timed", dtype=args.dtype)
     seconds: dict[str, list[float]] = {"Engine plain prefill": [], "runner forward": [], "capture+write": []}
     with ServingEngine(str(path), [s.input_ids_T for s in samples], dtype=args.dtype) as served, \
-            make_engine("sglang", **kwargs) as engine:
+            make_engine(spec, model_path=str(path), points=points, num_layers=n) as engine:
         engine.capture(samples[:8])  # warm-up (the Engine warmed up before reporting ready)
         for r in range(args.repeats):
             seconds["Engine plain prefill"].append(served.time_prefill()["seconds"])

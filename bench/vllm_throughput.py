@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from statistics import median
 from pathlib import Path
+from statistics import median
 
 from common import capture_and_write, prepared_samples
 
@@ -48,7 +48,9 @@ def main() -> None:
     ap.add_argument("--tokens-per-shard", type=int, default=16384, help="runner.max_tokens_per_shard (4 units)")
     args = ap.parse_args()
 
-    from pipeline.engines.base import make_engine
+    from bench.timed_engines import register_timed_engines
+    from pipeline.core.contracts import EngineSpec
+    from pipeline.engines.registry import make_engine
     from pipeline.models.info import read_model_info
     from pipeline.models.tiny import ensure_model
     from pipeline.points import parse_points
@@ -67,8 +69,9 @@ def main() -> None:
               f"units of <= {args.tokens_per_shard} tokens")
         settings = StageSettings(points=points, hidden_size=info.hidden_size, batch_size=args.batch_size,
                                  storage_dtype=None, metadata={"bench": "vllm_throughput"})
-        with make_engine("vllm", model_path=str(path), dtype=args.dtype, points=points, num_layers=info.num_layers,
-                         options={}) as engine:
+        register_timed_engines()
+        with make_engine(EngineSpec(name="vllm-timed", dtype=args.dtype), model_path=str(path), points=points,
+                         num_layers=info.num_layers) as engine:
             engine.call("plain_prefill_seconds", prompts[:8])  # warm-up
             engine.capture(samples[:8])
             paths = {

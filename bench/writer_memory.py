@@ -1,6 +1,6 @@
 """Peak memory of capture + write (and of verify) for a dataset of N tokens versus 4N tokens, side by side.
 
-    .venv/bin/python bench/writer_memory.py [--tokens 32768] [--hidden-size 1024] [--num-points 5]
+    .venv/bin/python bench/writer_memory.py [--tokens 32768] [--hidden-size 1024] [--max-tokens-per-shard 8192]
 
 Each measurement runs in a fresh child process (peak RSS via getrusage is per process and never goes down), which
 synthesises prepared samples, plans work units, and for one unit at a time simulates the capture (random hidden
@@ -28,7 +28,7 @@ def _peak_rss_mib() -> float:
 def _samples(num_tokens: int, seed: int):
     import numpy as np
 
-    from pipeline.data.sample import PreparedSample
+    from pipeline.core.contracts import PreparedSample
 
     rng = np.random.default_rng(seed)
     samples, total = [], 0
@@ -44,7 +44,7 @@ def _samples(num_tokens: int, seed: int):
 def child_write(args: argparse.Namespace) -> dict:
     import torch
 
-    from pipeline.engines.base import Capture
+    from pipeline.core.contracts import Capture
     from pipeline.shards import layout
     from pipeline.shards.manifest import write_manifest
     from pipeline.shards.plan import plan_units

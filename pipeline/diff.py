@@ -15,6 +15,10 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from rich.console import Console
+
+from pipeline.compare.stage import run_diff
+from pipeline.compare.tables import verdict_table
 from pipeline.config import ConfigError, register_configs
 
 register_configs()
@@ -23,11 +27,6 @@ log = logging.getLogger("pipeline.diff")
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from rich.console import Console
-
-    from pipeline.compare.report import verdict_table
-    from pipeline.compare.stage import run_diff
-
     try:
         outcome = run_diff(cfg)
     except ConfigError as e:

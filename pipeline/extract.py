@@ -8,6 +8,9 @@ import hydra
 from omegaconf import DictConfig
 
 from pipeline.config import ConfigError, register_configs
+from pipeline.engines.base import EngineStartError
+from pipeline.run.gate import DiffGateError, describe
+from pipeline.run.job import run_extract
 
 register_configs()
 log = logging.getLogger("pipeline.extract")
@@ -15,10 +18,6 @@ log = logging.getLogger("pipeline.extract")
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from pipeline.compare.gate import DiffGateError, describe
-    from pipeline.engines.base import EngineStartError
-    from pipeline.run.job import run_extract
-
     try:
         summary = run_extract(cfg)
     except ConfigError as e:

@@ -5,7 +5,7 @@ Canonical convention (one for the whole project, independent of any framework):
   `b0` is the embedding output, `bN` the last layer's output before the final norm;
 - `final_norm`: the output of the model's final norm (what the LM head reads).
 
-Native numberings differ by framework, version and even model class (the convention zoo in ENGINES.md). Each is
+Native numberings differ by framework, version and even model class (docs/engines.md#the-convention-zoo). Each is
 written down here once, as data plus a pair of functions. A table is only a claim: the diff stage verifies it on the
 real engine.
 """

@@ -14,33 +14,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from pipeline.engines.base import EngineInfo
+from pipeline.core.contracts import EngineInfo
+from pipeline.core.io import sha256_file, sha256_json
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point
 
-_CHUNK = 1 << 20
 # Hashing every byte of a 600 GB checkpoint would take longer than many runs; past this size the weights digest
 # covers each file's safetensors header (tensor names, dtypes, shapes, offsets) and size, and says so.
 FULL_DIGEST_MAX_BYTES = 4 << 30
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                     "tiktoken.model", "chat_template.jinja")
-
-
-def sha256_file(path: Path, limit: int | None = None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        remaining = limit
-        while chunk := f.read(_CHUNK if remaining is None else min(_CHUNK, remaining)):
-            h.update(chunk)
-            if remaining is not None:
-                remaining -= len(chunk)
-                if remaining <= 0:
-                    break
-    return h.hexdigest()
-
-
-def sha256_json(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _safetensors_header_len(path: Path) -> int:

@@ -16,13 +16,21 @@ import torch
 
 from pipeline.compare.align import Alignment, align
 from pipeline.compare.checkpoint import Checkpoint
-from pipeline.compare.judge import (PRECISION, LogitStats, Verdict, judge_logits, judge_points, over_reasons,
-                                    pair_dtype, relocate)
+from pipeline.compare.judge import (
+    PRECISION,
+    LogitStats,
+    Verdict,
+    judge_logits,
+    judge_points,
+    over_reasons,
+    pair_dtype,
+    relocate,
+)
 from pipeline.compare.metrics import PointStats, point_stats
-from pipeline.compare.probe import EngineRun
+from pipeline.compare.probe import ProbeRun
 from pipeline.config import DiffConfig, Thresholds
-from pipeline.data.sample import PreparedSample
-from pipeline.points import FINAL_NORM, Point, canonical_order, parse_point
+from pipeline.core.contracts import PreparedSample
+from pipeline.points import FINAL_NORM, Point, canonical_order
 
 
 @dataclass(kw_only=True)
@@ -52,7 +60,7 @@ class AnchorCheck:
 class DiffResult:
     status: str  # pass | warn | fail
     reference: str
-    runs: list[EngineRun]
+    runs: list[ProbeRun]
     pairs: list[PairResult] = field(default_factory=list)
     alignments: list[Alignment] = field(default_factory=list)
     anchors: list[AnchorCheck] = field(default_factory=list)
@@ -64,12 +72,8 @@ class DiffResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def _ordered(labels: Sequence[str], num_layers: int) -> list[str]:
-    return [p.label for p in canonical_order(parse_point(x, num_layers=num_layers) for x in labels)]
-
-
 class Analysis:
-    def __init__(self, runs: Sequence[EngineRun], reference: str, *, ckpt: Checkpoint, cfg: DiffConfig,
+    def __init__(self, runs: Sequence[ProbeRun], reference: str, *, ckpt: Checkpoint, cfg: DiffConfig,
                  num_layers: int, samples: Sequence[PreparedSample]) -> None:
         self.runs = {r.label: r for r in runs}
         self.reference = reference
@@ -81,7 +85,7 @@ class Analysis:
     def thresholds(self, dtype: str) -> Thresholds:
         return self.cfg.thresholds[dtype]
 
-    def dtype_of(self, *runs: EngineRun) -> str:
+    def dtype_of(self, *runs: ProbeRun) -> str:
         """The dtype a comparison is judged by: the least precise one the engines report (never a silent guess)."""
         for r in runs:
             if r.dtype not in self.cfg.thresholds:
@@ -94,7 +98,7 @@ class Analysis:
         return judged if judged in self.cfg.thresholds else min(self.cfg.thresholds, key=lambda d: PRECISION.get(d, 0))
 
     # --- logits ------------------------------------------------------------------------------------------------
-    def _normed(self, run: EngineRun) -> tuple[torch.Tensor, str] | None:
+    def _normed(self, run: ProbeRun) -> tuple[torch.Tensor, str] | None:
         if FINAL_NORM in run.labels:
             return torch.cat([x.float() for x in run.point(FINAL_NORM)]), "final_norm"
         last = f"b{self.num_layers}"
@@ -102,12 +106,12 @@ class Analysis:
             return self.ckpt.final_norm(torch.cat([x.float() for x in run.point(last)])), f"{last} + checkpoint norm"
         return None
 
-    def normed(self, run: EngineRun) -> tuple[torch.Tensor, str] | None:
+    def normed(self, run: ProbeRun) -> tuple[torch.Tensor, str] | None:
         if run.label not in self._normed_cache:
             self._normed_cache[run.label] = self._normed(run)
         return self._normed_cache[run.label]
 
-    def logit_stats(self, a: EngineRun, b: EngineRun) -> LogitStats | None:
+    def logit_stats(self, a: ProbeRun, b: ProbeRun) -> LogitStats | None:
         if not self.cfg.logits:
             return None
         na, nb = self.normed(a), self.normed(b)
@@ -131,14 +135,14 @@ class Analysis:
         return PairResult(kind=kind, a=a, b=b, name=name, labels=labels, points=stats, logits=logits, verdict=v,
                           judged=judged)
 
-    def engine_pair(self, a: EngineRun, b: EngineRun, kind: str) -> PairResult:
-        labels = _ordered([x for x in b.labels if x in a.labels], self.num_layers)
+    def engine_pair(self, a: ProbeRun, b: ProbeRun, kind: str) -> PairResult:
+        labels = [p.label for p in canonical_order(p for p in b.points if p in set(a.points))]
         stats = {x: self._stats(a.point(x), b.point(x)) for x in labels}
         name = f"{b.label} vs {a.label}"
         return self._judge(kind, name, labels, stats, self.dtype_of(a, b), self.logit_stats(a, b),
                            kind == "reference", a.label, b.label)
 
-    def determinism(self, run: EngineRun) -> list[PairResult]:
+    def determinism(self, run: ProbeRun) -> list[PairResult]:
         out = []
         for k in range(1, len(run.repeats) + 1):
             stats = {x: self._stats(run.point(x), run.point(x, f"repeat{k}")) for x in run.labels}
@@ -147,7 +151,7 @@ class Analysis:
                                    None, True, f"{run.label} run 1", f"{run.label} run {k + 1}"))
         return out
 
-    def batch(self, run: EngineRun) -> PairResult | None:
+    def batch(self, run: ProbeRun) -> PairResult | None:
         if not run.alone:
             return None
         idx = sorted(run.alone)
@@ -157,7 +161,7 @@ class Analysis:
                            f"{run.label} in batch")
 
     # --- anchors -----------------------------------------------------------------------------------------------
-    def anchors(self, run: EngineRun) -> list[AnchorCheck]:
+    def anchors(self, run: ProbeRun) -> list[AnchorCheck]:
         t = self.thresholds(self.dtype_of(run))
         out = []
         if "b0" in run.labels:
@@ -171,7 +175,7 @@ class Analysis:
                                     f"final_norm is the checkpoint's RMSNorm of {last}"))
         return out
 
-    def _anchor(self, run: EngineRun, check: str, expected, got, t: Thresholds, claim: str) -> AnchorCheck:
+    def _anchor(self, run: ProbeRun, check: str, expected, got, t: Thresholds, claim: str) -> AnchorCheck:
         s = self._stats(expected, got)
         reasons = over_reasons(s, t)
         detail = claim + (": " + "; ".join(reasons) if reasons else f" (rel L2 {s.rel_l2:.2e})")

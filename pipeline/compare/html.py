@@ -1,15 +1,20 @@
 """report.html: one self-contained file (PNG plots embedded as base64, inline CSS, no scripts, no external links)."""
 from __future__ import annotations
 
+import argparse
 import base64
 import html
 import io
 import math
+import sys
+from pathlib import Path
 from typing import Sequence
 
-from pipeline.compare.analyze import DiffResult, PairResult
 from pipeline.compare.align import Alignment
-from pipeline.compare.report import ENGINE_HEADER, POINT_HEADER, _KIND_TITLE, engine_rows, point_rows
+from pipeline.compare.analyze import DiffResult, PairResult
+from pipeline.compare.serialize import load
+from pipeline.compare.tables import ENGINE_HEADER, KIND_TITLE, POINT_HEADER, engine_rows, point_rows
+from pipeline.core.io import write_text_atomic
 
 _DPI = 72
 _FLOOR = 1e-12  # the lowest a log axis goes; zeros are drawn at a floor below the smallest nonzero value
@@ -38,8 +43,8 @@ def _plt():
 
 
 def _margins(fig, *, left: float, bottom: float, top: float, right: float = 0.25, wspace: float | None = None) -> None:
-    """Fixed margins in inches: bbox_inches="tight" (or a constrained layout) draws every figure twice, which was
-    half of the report's plotting time (0.33 vs 0.19 s per figure here)."""
+    """Fixed margins in inches: bbox_inches="tight" (or a constrained layout) draws every figure twice, and drawing
+    is most of the report's plotting time (bench/README.md#figures-measured-outside-the-bench-scripts)."""
     w, h = fig.get_size_inches()
     fig.subplots_adjust(left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h, wspace=wspace)
 
@@ -228,7 +233,7 @@ def to_html(result: DiffResult) -> str:
                 _table(["engine", "check", "rel L2", "status", "detail"],
                        [[a.engine, a.check, f"{a.rel_l2:.2e}", a.status, a.detail] for a in result.anchors],
                        status_cols=(3,))]
-    for kind, title in _KIND_TITLE.items():
+    for kind, title in KIND_TITLE.items():
         pairs = [p for p in result.pairs if p.kind == kind]
         if pairs:
             out.append(f"<h2>Comparisons {html.escape(title)}</h2>")
@@ -242,12 +247,6 @@ def to_html(result: DiffResult) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     """`python -m pipeline.compare.html REPORT_DIR`: draw report.html from the report.json in REPORT_DIR (a run's
     diff/ directory, whose gate draws no plots unless it fails, or the out_dir of python -m pipeline.diff)."""
-    import argparse
-    import sys
-    from pathlib import Path
-
-    from pipeline.compare.report import load, write_html
-
     parser = argparse.ArgumentParser(prog="python -m pipeline.compare.html", description="draw report.html from a report.json")
     parser.add_argument("report_dir", type=Path)
     args = parser.parse_args(argv)
@@ -257,6 +256,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     print(write_html(result, args.report_dir).resolve())
+
+
+def write_html(result: DiffResult, out_dir: Path) -> Path:
+    """report.html in out_dir, drawn from `result`."""
+    path = Path(out_dir) / "report.html"
+    write_text_atomic(path, to_html(result))
+    return path
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The probe: a few prepared samples, run through one engine as a batch (repeated) and one by one.
 
-`EngineRun` holds what one engine returned: the batch capture (per sample `[T, P, H]` in the engine's dtype), its
+`ProbeRun` is one engine of a comparison (its spec, checkpoint and points) and what it returned: the batch capture (per sample `[T, P, H]` in the engine's dtype), its
 repeats (run-to-run determinism), captures of some samples alone (batch-composition dependence), what the engine
 reports it ran, and timings. An engine that fails is recorded with its error, so a multi-engine report still shows
 the others.
@@ -14,13 +14,14 @@ import socket
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
 from pipeline.config import ProbeConfig
-from pipeline.data.sample import PreparedSample
-from pipeline.engines.base import Capture, Engine, EngineInfo
+from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, PreparedSample
+from pipeline.engines.base import Engine
+from pipeline.engines.registry import make_engine
 from pipeline.points import Point
 from pipeline.shards.validate import check_capture
 
@@ -32,24 +33,11 @@ class ProbeError(RuntimeError):
 
 
 class Probeable(Protocol):
-    """What a probe needs: an Engine, or a started executor's view of its primary engine (ExecutorView)."""
+    """What a probe needs: an Engine, or a started executor (which captures on its primary replica)."""
 
     def capture(self, samples: Sequence[PreparedSample]) -> list[Capture]: ...
 
     def info(self) -> EngineInfo: ...
-
-
-class ExecutorView:
-    """An executor (local or Ray) as a Probeable: `probe` captures without writing, `engine_info` reports."""
-
-    def __init__(self, executor: Any) -> None:
-        self.executor = executor
-
-    def capture(self, samples: Sequence[PreparedSample]) -> list[Capture]:
-        return self.executor.probe(list(samples))
-
-    def info(self) -> EngineInfo:
-        return self.executor.engine_info()
 
 
 def probe_samples(samples: Sequence[PreparedSample], probe: ProbeConfig) -> list[PreparedSample]:
@@ -65,10 +53,11 @@ def probe_samples(samples: Sequence[PreparedSample], probe: ProbeConfig) -> list
 
 
 @dataclass(kw_only=True)
-class EngineRun:
+class ProbeRun:
     label: str
     role: str  # reference | primary | engine
-    config: dict[str, Any]  # the engine entry as resolved (name, dtype, options, model_path, ...)
+    spec: EngineSpec
+    model_path: str
     points: list[Point]
     info: dict[str, Any] | None = None  # EngineInfo as a dict, read from the running engine
     batch: list[torch.Tensor] | None = None  # per probe sample [T, P, H]
@@ -77,6 +66,14 @@ class EngineRun:
     seconds: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     ran_on: str | None = None  # host and process that started the engine (on a cluster: which node)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The engine as resolved, for reports."""
+        return {**self.spec.describe(), "model_path": self.model_path}
+
+    def make(self, num_layers: int) -> Engine:
+        return make_engine(self.spec, model_path=self.model_path, points=self.points, num_layers=num_layers)
 
     @property
     def ok(self) -> bool:
@@ -98,7 +95,7 @@ class EngineRun:
 
     @property
     def dtype(self) -> str:
-        return str((self.info or {}).get("dtype") or self.config.get("dtype") or "unknown")
+        return str((self.info or {}).get("dtype") or self.spec.dtype or "unknown")
 
 
 def _checked(samples: Sequence[PreparedSample], captures: Sequence[Capture], points: list[Point],
@@ -122,10 +119,11 @@ def _capture(engine: Probeable, samples: Sequence[PreparedSample], batch_size: i
     return out
 
 
-def capture_probe(run: EngineRun, engine: Probeable, samples: Sequence[PreparedSample], probe: ProbeConfig, *,
-                  batch_size: int, hidden_size: int) -> None:
+def capture_probe(run: ProbeRun, engine: Probeable, samples: Sequence[PreparedSample], probe: ProbeConfig, *,
+                  hidden_size: int) -> None:
     """Fill `run` from a started engine: the batch `probe.repeats` times, then `probe.alone` samples one by one."""
     kw = dict(points=run.points, hidden_size=hidden_size, label=run.label)
+    batch_size = run.spec.batch_size
     t0 = time.perf_counter()
     run.info = dataclasses.asdict(engine.info())
     run.batch = _capture(engine, samples, batch_size, **kw)
@@ -140,17 +138,17 @@ def capture_probe(run: EngineRun, engine: Probeable, samples: Sequence[PreparedS
     run.seconds["alone"] = time.perf_counter() - t0
 
 
-def probe_engine(run: EngineRun, make: Callable[[], Engine], samples: Sequence[PreparedSample], probe: ProbeConfig,
-                 *, batch_size: int, hidden_size: int) -> EngineRun:
-    """Start an engine, probe it, close it. Errors are recorded in the run, not raised."""
+def probe_engine(run: ProbeRun, samples: Sequence[PreparedSample], probe: ProbeConfig, *, num_layers: int,
+                 hidden_size: int) -> ProbeRun:
+    """Make the run's engine, start it, probe it, close it. Errors are recorded in the run, not raised."""
     t0 = time.perf_counter()
     run.ran_on = f"{socket.gethostname()} pid {os.getpid()}"
     try:
-        engine = make()
+        engine = run.make(num_layers)
         try:
             engine.start()
             run.seconds["start"] = time.perf_counter() - t0
-            capture_probe(run, engine, samples, probe, batch_size=batch_size, hidden_size=hidden_size)
+            capture_probe(run, engine, samples, probe, hidden_size=hidden_size)
         finally:
             t1 = time.perf_counter()
             engine.close()

@@ -16,11 +16,10 @@ import jinja2
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from pipeline.data.sample import PreparedSample, Reject
-from pipeline.shards.layout import atomic_path
+from pipeline.core.contracts import PreparedSample, Reject
+from pipeline.core.io import atomic_path
 from pipeline.data.sources import (
     Parsed,
     RawRecord,

@@ -11,8 +11,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from pipeline.data.sample import PreparedSample
-from pipeline.engines.base import Capture, Engine, EngineInfo, PointSource
+from pipeline.core.contracts import Capture, EngineInfo, PointSource, PreparedSample
+from pipeline.engines.base import Engine
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -6,7 +6,6 @@ bf16 twin and the default-rope variant differ only where they are meant to.
 from __future__ import annotations
 
 # torch, numpy and transformers are imported inside the functions that build: a cached ensure_model() stays cheap.
-
 import hashlib
 import json
 import math

@@ -100,7 +100,9 @@ def check_selects_routed_experts_only(selected: Iterable[str], all_names: Iterab
 
 def compress_weight(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     """bf16 [out, in] -> {weight_packed int32, weight_scale bf16, weight_shape int64}, min-max group scales."""
-    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.compressors.pack_quantized.base import (
+        PackedQuantizationCompressor,
+    )
     from compressed_tensors.quantization.utils import calculate_qparams
 
     scheme = _scheme()
@@ -130,7 +132,9 @@ def _round_up_significand(scale: torch.Tensor, bits: int) -> torch.Tensor:
 
 def decompress_weight(packed: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
     """Dequantized weight; compressed-tensors computes it in the scale's dtype, so `dtype` picks the arithmetic."""
-    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.compressors.pack_quantized.base import (
+        PackedQuantizationCompressor,
+    )
 
     state = dict(packed)
     if dtype is not None:

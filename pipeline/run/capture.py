@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
+from pipeline.core.contracts import Capture, PreparedSample, Reject
+from pipeline.core.io import sha256_file
 from pipeline.data.prepare import read_rejects, write_rejects
-from pipeline.data.sample import PreparedSample, Reject
-from pipeline.engines.base import Capture, Engine
+from pipeline.engines.base import Engine
 from pipeline.points import Point
-from pipeline.shards.layout import file_sha256, shard_name
+from pipeline.shards.layout import shard_name
 from pipeline.shards.validate import capture_reject
 from pipeline.shards.writer import ShardEntry, completed_shard, write_shard
 
@@ -56,7 +57,7 @@ class StageSettings:
 
 
 def _checksums_match(run_dir: Path, entry: ShardEntry) -> bool:
-    return all(file_sha256(run_dir / rel) == info["sha256"] for rel, info in entry.files.items())
+    return all(sha256_file(run_dir / rel) == info["sha256"] for rel, info in entry.files.items())
 
 
 def finished_unit(run_dir: Path, index: int) -> UnitResult | None:

@@ -11,12 +11,20 @@ from typing import Any
 from omegaconf import DictConfig
 
 from pipeline import provenance
-from pipeline.compare.gate import DiffGate, GateOutcome, off as gate_off
 from pipeline.config import ConfigError, resolved_dict, to_config
 from pipeline.data.prepare import PreparedData, prepare, write_rejects
 from pipeline.run.capture import StageSettings, UnitResult
-from pipeline.run.local import EngineSpec, LocalExecutor
-from pipeline.run.resolve import ResolvedRun, check_out_dir, prepare_out_dir, resolve_run
+from pipeline.run.executor import Executor
+from pipeline.run.gate import DiffGate, GateOutcome
+from pipeline.run.gate import off as gate_off
+from pipeline.run.local import LocalExecutor
+from pipeline.run.ray import RayExecutor
+from pipeline.run.resolve import (
+    ResolvedRun,
+    check_out_dir,
+    prepare_out_dir,
+    resolve_run,
+)
 from pipeline.shards.layout import FORMAT_VERSION
 from pipeline.shards.manifest import write_manifest
 from pipeline.shards.plan import plan_units
@@ -59,17 +67,16 @@ def _run_record(run: ResolvedRun, config: dict[str, Any], prepared: PreparedData
             "code": provenance.code_version()}
 
 
-def _executor(run: ResolvedRun):
-    cfg = run.cfg.engine
-    spec = EngineSpec(name=cfg.name, kwargs=dict(
-        model_path=str(run.model.path), dtype=cfg.dtype, points=run.points, num_layers=run.model.num_layers,
-        options={**cfg.options, "tp_size": cfg.tp_size}))
-    spec.make()  # constructing loads nothing; an engine whose adapter or environment is absent fails here
-    if run.cfg.runner.name == "ray":
-        from pipeline.run.ray_executor import RayExecutor
-
-        return RayExecutor(spec, run.cfg.runner)  # without Ray installed: a ConfigError, before the gate
-    return LocalExecutor(spec)
+def _executor(run: ResolvedRun) -> Executor:
+    """The configured executor; constructing it loads nothing, but an engine whose adapter or environment is absent
+    (or runner=ray without Ray) fails here, before the gate."""
+    where = dict(model_path=str(run.model.path), points=run.points, num_layers=run.model.num_layers)
+    try:
+        if run.cfg.runner.name == "ray":
+            return RayExecutor(run.cfg.runner, spec=run.cfg.engine, **where)
+        return LocalExecutor(run.cfg.engine, **where)
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from e
 
 
 def _manifest(run: ResolvedRun, prov: dict[str, Any], results: list[UnitResult],
@@ -96,10 +103,7 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
     started = time.perf_counter()
     cfg = to_config(dcfg)
     run = resolve_run(cfg)  # every config error surfaces here, before any model loads
-    try:
-        executor = _executor(run)
-    except (NotImplementedError, FileNotFoundError) as e:
-        raise ConfigError(str(e)) from e
+    executor = _executor(run)
     gate = DiffGate.create(cfg, run.model, run.points, run.out_dir)  # None when diff.gate=off
     config = resolved_dict(dcfg)
     prepared, chat_template = _prepare(run)
@@ -116,7 +120,7 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
                            max_samples_per_shard=cfg.runner.max_samples_per_shard)
         log.info("%s %s: %d units of at most %d tokens", "resuming" if resuming else "starting", run.out_dir,
                  len(units), cfg.runner.max_tokens_per_shard)
-        prov = provenance.build(model=run.model, digests=digests, engine=executor.engine_info(), points=run.points,
+        prov = provenance.build(model=run.model, digests=digests, engine=executor.info(), points=run.points,
                                 config=config, diff=outcome.summary)
         settings = StageSettings(points=run.points, hidden_size=run.model.hidden_size,
                                  batch_size=cfg.engine.batch_size, storage_dtype=cfg.runner.storage_dtype,

@@ -1,38 +1,20 @@
-"""The local executor: one engine in this process (or its worker), every unit in order, finished units skipped."""
+"""The local executor: one engine in this process (or its worker), every unit in order."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Sequence
 
-from pipeline.data.sample import PreparedSample
-from pipeline.engines.base import Capture, Engine, EngineInfo, EngineStartError, error_summary, make_engine
-from pipeline.run.capture import CaptureStage, StageSettings, UnitResult, run_units, unfinished_units
-from pipeline.run.progress import RunProgress
-
-T = TypeVar("T")
+from pipeline.core.contracts import Capture, EngineInfo, PreparedSample
+from pipeline.engines.base import Engine, EngineStartError, error_summary
+from pipeline.run.capture import CaptureStage, StageSettings, run_units
+from pipeline.run.executor import Executor, OnDone
 
 
-@dataclass(frozen=True, kw_only=True)
-class EngineSpec:
-    """How to build the primary engine anywhere (picklable: Ray actors build their own replica from it)."""
-
-    name: str
-    kwargs: dict[str, Any]
-
-    def make(self) -> Engine:
-        return make_engine(self.name, **self.kwargs)
-
-
-class LocalExecutor:
-    """Executors share this shape: start replicas, report engine info, probe, run units, close."""
-
-    def __init__(self, spec: EngineSpec) -> None:
-        self.spec = spec
-        self.engine: Engine | None = None
+class LocalExecutor(Executor):
+    engine: Engine | None = None
 
     def __enter__(self) -> "LocalExecutor":
-        self.engine = self.spec.make()
+        self.engine = self.make_engine()
         try:
             self.engine.start()
         except Exception as e:
@@ -46,26 +28,14 @@ class LocalExecutor:
             self.engine.close()
             self.engine = None
 
-    def run_beside(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run `fn` where a replica runs (the gate's other engines need what a replica has); here: in place."""
-        return fn(*args, **kwargs)
-
-    def engine_info(self) -> EngineInfo:
+    def info(self) -> EngineInfo:
         return self.engine.info()
 
-    def probe(self, samples: Sequence[PreparedSample]) -> list[Capture]:
-        """Capture without writing (the diff gate's view of the primary engine)."""
+    def capture(self, samples: Sequence[PreparedSample]) -> list[Capture]:
         return self.engine.capture(samples)
 
-    def run(self, settings: StageSettings, run_dir: Path,
-            units: Sequence[Sequence[PreparedSample]]) -> list[UnitResult]:
+    def _run_units(self, settings: StageSettings, run_dir: Path, units: Sequence[Sequence[PreparedSample]],
+                   todo: list[int], done: OnDone) -> dict[int, str]:
         stage = CaptureStage(engine=self.engine, settings=settings)
-        results: dict[int, UnitResult] = {}
-        with RunProgress(units) as progress:
-            def done(result: UnitResult) -> None:
-                results[result.index] = result
-                progress.unit_done(result)
-
-            todo = [(index, units[index]) for index in unfinished_units(run_dir, len(units), done)]
-            run_units(stage, run_dir, todo, done, overlap=settings.overlap_writes)
-        return [results[i] for i in range(len(units))]
+        run_units(stage, run_dir, [(index, units[index]) for index in todo], done, overlap=settings.overlap_writes)
+        return {}

@@ -7,9 +7,16 @@ import time
 from typing import Sequence
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
-from pipeline.data.sample import PreparedSample
+from pipeline.core.contracts import PreparedSample
 from pipeline.run.capture import UnitResult
 
 log = logging.getLogger("pipeline.run")

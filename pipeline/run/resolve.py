@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import ConfigError, ExtractConfig
-from pipeline.data.sources import check_readable
-from pipeline.engines.base import engine_class, engine_names
-from pipeline.models.info import ModelInfo, read_model_info
+from pipeline.config.checks import check_data_path, resolve_model
+from pipeline.engines.registry import check_name
+from pipeline.models.info import ModelInfo
 from pipeline.points import Point, PointError, resolve
+from pipeline.shards.layout import DIFF_DIR
 from pipeline.shards.manifest import is_finished
 
 RUN_FILE = "run.json"  # written when a run starts; a rerun resumes only a run of the same config
@@ -31,20 +32,10 @@ class ResolvedRun:
 
 
 def _check_engine(cfg: ExtractConfig) -> None:
-    if cfg.engine.name not in engine_names():
-        raise ConfigError(f"engine={cfg.engine.name!r} is unknown; known engines: {', '.join(engine_names())}")
-
-
-def _model_dir(cfg: ExtractConfig) -> Path:
-    if not cfg.model.build:
-        return Path(cfg.model.path)
-    from pipeline.models.tiny import ensure_model
-
-    path = Path(cfg.model.path) if cfg.model.path else None
-    if path is not None and path.name != cfg.model.build:
-        raise ConfigError(f"model.path={cfg.model.path!r}: a built model lives in a directory named after its recipe "
-                          f"{cfg.model.build!r}")
-    return ensure_model(cfg.model.build, path.parent if path is not None else None)  # cached after the first build
+    try:
+        check_name(cfg.engine.name)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def _check_out_dir(cfg: ExtractConfig) -> Path:
@@ -64,21 +55,6 @@ def _check_out_dir(cfg: ExtractConfig) -> Path:
     return out
 
 
-def resolve_model(cfg: ExtractConfig) -> ModelInfo:
-    """The model's facts (built first when it is a tiny-model recipe); errors name model.path."""
-    try:
-        return read_model_info(_model_dir(cfg))
-    except (OSError, ValueError) as e:
-        raise ConfigError(str(e) if "model.path" in str(e) else f"model.path={cfg.model.path!r}: {e}") from e
-
-
-def check_data_path(cfg: ExtractConfig) -> None:
-    try:
-        check_readable(cfg.data.path)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"data.path={cfg.data.path!r}: {e}") from e
-
-
 def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
     _check_engine(cfg)
     out_dir = _check_out_dir(cfg)
@@ -90,10 +66,6 @@ def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
     except PointError as e:
         raise ConfigError(f"capture.points={list(cfg.capture.points)!r} ({cfg.capture.convention} ids): {e}") from e
     return ResolvedRun(cfg=cfg, model=model, points=points, data_path=Path(cfg.data.path), out_dir=out_dir)
-
-
-# The diff gate writes its report here before the run starts (pipeline.compare.gate); the run directory keeps it.
-GATE_DIR = "diff"
 
 
 def check_out_dir(run: ResolvedRun, run_record: dict) -> bool:
@@ -110,7 +82,7 @@ def check_out_dir(run: ResolvedRun, run_record: dict) -> bool:
             raise ConfigError(f"out_dir={str(out)!r} holds an unfinished run with a different {', '.join(changed)}; "
                               f"resume it with the same settings, or choose another out_dir")
         return True
-    if out.exists() and any(p.name != GATE_DIR for p in out.iterdir()):
+    if out.exists() and any(p.name != DIFF_DIR for p in out.iterdir()):
         raise ConfigError(f"out_dir={str(out)!r} is not empty and holds no run; choose an empty or new directory")
     return False
 
@@ -121,7 +93,7 @@ def prepare_out_dir(run: ResolvedRun, run_record: dict) -> bool:
     resuming = check_out_dir(run, run_record)
     if out.exists() and is_finished(out):  # overwrite=true was checked in resolve_run; this run's gate report stays
         for child in out.iterdir():
-            if child.name != GATE_DIR:
+            if child.name != DIFF_DIR:
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
     if resuming:
         return True
@@ -131,7 +103,3 @@ def prepare_out_dir(run: ResolvedRun, run_record: dict) -> bool:
     tmp.write_text(json.dumps(run_record, indent=2, sort_keys=True))
     os.replace(tmp, marker)
     return False
-
-
-__all__ = ["ConfigError", "ResolvedRun", "resolve_run", "resolve_model", "check_out_dir", "prepare_out_dir",
-           "engine_class", "GATE_DIR"]

@@ -2,11 +2,7 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -14,6 +10,7 @@ import torch
 FORMAT_VERSION = "1"
 SHARDS_DIR = "shards"
 MANIFEST_NAME = "manifest.json"
+DIFF_DIR = "diff"  # the diff gate's report, written before the run starts (pipeline.run.gate)
 
 # Tensor names inside a shard's .safetensors file, in the order they are laid out: 8-byte types first so every tensor
 # starts on its natural alignment for zero-copy readers.
@@ -68,49 +65,3 @@ def dtype_name(dtype: torch.dtype) -> str:
 def token_digest(input_ids_T: np.ndarray) -> str:
     """sha256 of the token ids as little-endian int64 bytes (independent of the array's own dtype)."""
     return hashlib.sha256(np.ascontiguousarray(input_ids_T, dtype="<i8").tobytes()).hexdigest()
-
-
-def file_sha256(path: Path, *, chunk_bytes: int = 8 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk_bytes):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _umask() -> int:
-    mask = os.umask(0)  # the only way to read it sets it: done once, at import, before any writer thread exists
-    os.umask(mask)
-    return mask
-
-
-# mkstemp creates files 0600; a finished file gets the mode open() would have given it, so a trainer running as
-# another user of the cluster can read the run.
-FILE_MODE = 0o666 & ~_umask()
-
-
-@contextmanager
-def atomic_path(final: Path) -> Iterator[Path]:
-    """Yield a temp path beside `final`; on success fsync and rename it over `final`, on failure remove it.
-
-    The temp file lives in the same directory so os.replace is an atomic rename, and a reader never sees a
-    half-written file under the final name.
-    """
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        with open(tmp_path, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp_path, FILE_MODE)
-        os.replace(tmp_path, final)
-    finally:
-        tmp_path.unlink(missing_ok=True)
-
-
-def write_text_atomic(final: Path, text: str) -> None:
-    with atomic_path(final) as tmp:
-        tmp.write_text(text, encoding="utf-8")

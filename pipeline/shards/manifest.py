@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from pipeline.core.io import write_text_atomic
 from pipeline.shards import layout
 
 REQUIRED_KEYS = ("format_version", "points", "hidden_size", "dtype", "shards", "num_samples", "num_tokens")
@@ -30,7 +31,7 @@ def write_manifest(run_dir: Path, manifest: Mapping[str, Any]) -> Path:
         raise ManifestError(f"manifest is missing required keys {missing}")
     text = json.dumps(manifest, sort_keys=True, indent=2, allow_nan=False) + "\n"
     path = manifest_path(run_dir)
-    layout.write_text_atomic(path, text)
+    write_text_atomic(path, text)
     return path
 
 

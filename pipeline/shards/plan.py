@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from pipeline.data.sample import PreparedSample
+from pipeline.core.contracts import PreparedSample
 
 
 def plan_units(samples: Sequence[PreparedSample], *, max_tokens_per_shard: int,

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow.parquet as pq
-import torch
 from safetensors import safe_open
 
 from pipeline.shards import layout

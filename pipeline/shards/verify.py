@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.io import sha256_file
 from pipeline.provenance import compact
 from pipeline.shards import layout
 from pipeline.shards.manifest import ManifestError, read_manifest
@@ -77,7 +78,7 @@ def _file_problems(run_dir: Path, entry: ShardEntry) -> list[str]:
             problems.append(f"{entry.name}: listed file {rel} is missing")
         elif path.stat().st_size != info.get("bytes"):
             problems.append(f"{entry.name}: {rel} has {path.stat().st_size} bytes, manifest says {info.get('bytes')}")
-        elif (digest := layout.file_sha256(path)) != info.get("sha256"):
+        elif (digest := sha256_file(path)) != info.get("sha256"):
             problems.append(f"{entry.name}: {rel} sha256 {digest} != manifest {info.get('sha256')}")
     return problems
 

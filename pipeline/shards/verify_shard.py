@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+from pipeline.core.stfile import TensorInfo, read_header, read_range
 from pipeline.shards import layout
-from pipeline.shards.stfile import TensorInfo, read_header, read_range
 from pipeline.shards.writer import ShardEntry
 
 _CHUNK_ELEMENTS = 8 << 20  # hidden-state values per finiteness chunk (32 MiB once widened to float32)

@@ -7,7 +7,7 @@ marker exists and the files have the recorded sizes, so a crash anywhere leaves 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from pipeline.data.sample import PreparedSample
-from pipeline.engines.base import Capture
+from pipeline.core.contracts import Capture, PreparedSample
+from pipeline.core.io import atomic_path, sha256_file, write_text_atomic
+from pipeline.core.stfile import StreamingWriter, TensorSpec
 from pipeline.shards import layout
-from pipeline.shards.stfile import StreamingWriter, TensorSpec
 from pipeline.shards.validate import all_finite
 
 Item = tuple[PreparedSample, Capture]
@@ -172,20 +172,20 @@ def write_shard(run_dir: Path, index: int, items: Sequence[Item], *, points: Seq
     paths = layout.shard_paths(run_dir, index)
     paths["marker"].unlink(missing_ok=True)  # from here on the shard counts as unfinished
     _remove_stale_temps(paths)
-    with layout.atomic_path(paths["safetensors"]) as tmp:
+    with atomic_path(paths["safetensors"]) as tmp:
         st_sha, num_saturated = _write_safetensors(tmp, items, hidden_size=hidden_size, num_points=len(points),
                                                    storage=storage, metadata=st_meta)
-    with layout.atomic_path(paths["parquet"]) as tmp:
+    with atomic_path(paths["parquet"]) as tmp:
         pq.write_table(_parquet_table(items), tmp)
     entry = ShardEntry(
         name=layout.shard_name(index), num_samples=len(items), num_tokens=int(_offsets(items)[-1]),
         num_loss_tokens=sum(sample.num_loss_tokens for sample, _ in items),
         files={_relative(run_dir, paths["safetensors"]): {"sha256": st_sha,
                                                           "bytes": paths["safetensors"].stat().st_size},
-               _relative(run_dir, paths["parquet"]): {"sha256": layout.file_sha256(paths["parquet"]),
+               _relative(run_dir, paths["parquet"]): {"sha256": sha256_file(paths["parquet"]),
                                                       "bytes": paths["parquet"].stat().st_size}},
         dtype=storage[0], points=list(points), num_saturated=num_saturated)
-    layout.write_text_atomic(paths["marker"], json.dumps(entry.to_dict(), sort_keys=True, indent=2) + "\n")
+    write_text_atomic(paths["marker"], json.dumps(entry.to_dict(), sort_keys=True, indent=2) + "\n")
     return entry
 
 

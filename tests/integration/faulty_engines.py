@@ -13,10 +13,9 @@ from typing import Iterator, Sequence
 
 import torch
 
-from pipeline.data.sample import PreparedSample
-from pipeline.engines import base
-from pipeline.engines.base import Capture, EngineInfo, register
+from pipeline.core.contracts import Capture, EngineInfo, PreparedSample
 from pipeline.engines.hf import HFEngine
+from pipeline.engines.registry import register, unregister
 from pipeline.points import parse_point
 
 TARGETS = {"hf-remap": f"{__name__}:RemapHF", "hf-positions": f"{__name__}:PositionBugHF"}
@@ -31,14 +30,14 @@ def registered() -> Iterator[None]:
         yield
     finally:
         for name in TARGETS:
-            base._REGISTRY.pop(name, None)
+            unregister(name)
 
 
 class RemapHF(HFEngine):
     name = "hf-remap"
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, spec, **kwargs) -> None:
+        super().__init__(spec, **kwargs)
         self.claimed = list(self.points)
         remap = {str(k): str(v) for k, v in (self.options.get("remap") or {}).items()}
         self.zeroed = {i for i, p in enumerate(self.claimed) if remap.get(p.label) == "zeros"}

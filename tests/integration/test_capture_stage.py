@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.data.sample import PreparedSample
-from pipeline.engines.base import make_engine
+from pipeline.core.contracts import EngineSpec, PreparedSample
+from pipeline.engines.registry import make_engine
 from pipeline.models.info import read_model_info
 from pipeline.points import parse_points
 from pipeline.run.capture import CaptureStage, StageSettings, finished_unit, run_units
@@ -29,8 +29,8 @@ def stage(tiny_model):
     points = parse_points(["embed", 1, "last", "final_norm"], num_layers=info.num_layers)
     settings = StageSettings(points=points, hidden_size=info.hidden_size, batch_size=2, storage_dtype=None,
                              metadata={"test": "capture_stage"})
-    with make_engine("hf", model_path=str(path), dtype="float32", points=points, num_layers=info.num_layers,
-                     options={}) as engine:
+    with make_engine(EngineSpec(name="hf", dtype="float32"), model_path=str(path), points=points,
+                     num_layers=info.num_layers) as engine:
         vocab = json.loads((path / "config.json").read_text())["vocab_size"]
         yield CaptureStage(engine=engine, settings=settings), vocab
 

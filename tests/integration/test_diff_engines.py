@@ -3,9 +3,9 @@ flips on Kimi, plain noise on Llama), injected convention errors and an injected
 from __future__ import annotations
 
 import pytest
-
 from diff_support import SMALL_PROBE, composed, second_python
 from faulty_engines import registered
+
 from pipeline.compare.stage import run_diff
 
 pytestmark = pytest.mark.integration

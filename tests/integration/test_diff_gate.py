@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from safetensors import safe_open
-
 from diff_support import composed
 from faulty_engines import registered
-from pipeline.compare.gate import DiffGateError, describe
+from safetensors import safe_open
+
+from pipeline.run.gate import DiffGateError, describe
 from pipeline.run.job import run_extract
 
 pytestmark = pytest.mark.integration

@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
-
 from diff_support import REPO, SMALL_PROBE, composed
+
 from pipeline.compare.html import to_html
-from pipeline.compare.report import from_dict, load
+from pipeline.compare.serialize import from_dict, load
 from pipeline.compare.stage import run_diff
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-
 from diff_support import composed
-from pipeline.compare.gate import DiffGateError
+
+from pipeline.run.gate import DiffGateError
 from pipeline.compare.stage import run_diff
-from pipeline.engines.base import engine_class, engine_python
+from pipeline.engines.registry import engine_class, engine_python
 from pipeline.run.job import run_extract
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.data.sample import PreparedSample
-from pipeline.engines.base import engine_class
+from pipeline.core.contracts import EngineSpec, PreparedSample
+from pipeline.engines.registry import engine_class
 from pipeline.models.info import read_model_info
 from pipeline.points import parse_points
 
@@ -50,8 +50,8 @@ def setup(request, tiny_model):
     path = tiny_model(request.param)
     info = read_model_info(path)
     points = parse_points(list(range(info.num_layers + 1)) + ["final_norm"], num_layers=info.num_layers)
-    engine = engine_class("hf")(model_path=str(path), dtype="float32", points=points, num_layers=info.num_layers,
-                                options={"attn_implementation": "sdpa"})
+    engine = engine_class("hf")(EngineSpec(name="hf", dtype="float32", options={"attn_implementation": "sdpa"}),
+                                model_path=str(path), points=points, num_layers=info.num_layers)
     # The reference for the INT4 checkpoint is its dense bf16 twin (the same dequantized weights), run layer by layer:
     # this checks both the capture points and the INT4 load path.
     ref_path = tiny_model(REFERENCE_OF.get(request.param, request.param))

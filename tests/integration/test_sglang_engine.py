@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.data.sample import PreparedSample
-from pipeline.engines.base import REPO_ROOT, engine_class, make_engine
-from pipeline.engines.remote import EngineWorkerError
-from pipeline.engines.sglang_cpu import sgl_kernel_standin
-from pipeline.engines.sglang_plan import AUX, TABLE, make_plan
+from pipeline.core.contracts import EngineSpec, PreparedSample
+from pipeline.engines.process.remote import EngineWorkerError
+from pipeline.engines.registry import REPO_ROOT, engine_class, make_engine
+from pipeline.engines.sglang.cpu import sgl_kernel_standin
+from pipeline.engines.sglang.plan import AUX, TABLE, make_plan
 from pipeline.models.info import read_model_info
 from pipeline.points import Point, PointError, parse_points
 
@@ -43,16 +43,20 @@ def samples_of(lengths, seed=0):
 
 
 def engine_kwargs(path: Path, points, **options):
+    """`make_engine(spec, **rest)` arguments: float32, these options; tp_size among them goes to the spec's field."""
     info = read_model_info(path)
-    return dict(model_path=str(path), dtype="float32", points=parse_points(points, num_layers=info.num_layers),
-                num_layers=info.num_layers, options=options)
+    spec = EngineSpec(name="sglang", dtype="float32", tp_size=options.pop("tp_size", 1), options=options)
+    return dict(spec=spec, model_path=str(path), points=parse_points(points, num_layers=info.num_layers),
+                num_layers=info.num_layers)
 
 
 def hf_reference(path: Path, samples) -> dict[str, dict[str, torch.Tensor]]:
     """sample id -> canonical label -> [T, H], every boundary and final_norm, from the HF engine in float32."""
     info = read_model_info(path)
     labels = list(range(info.num_layers + 1)) + ["final_norm"]
-    with engine_class("hf")(**engine_kwargs(path, labels, attn_implementation="sdpa")) as hf:
+    kwargs = engine_kwargs(path, labels, attn_implementation="sdpa")
+    kwargs["spec"].name = "hf"
+    with engine_class("hf")(**kwargs) as hf:
         caps = hf.capture(samples)
         names = [p.label for p in hf.points]
     return {c.sample_id: {n: c.hidden_states_TPH[:, j] for j, n in enumerate(names)} for c in caps}
@@ -78,7 +82,7 @@ def test_every_stand_in_function_raises():
 
 
 def test_cpu_layer_refuses_to_load_off_the_cpu_engine(monkeypatch):
-    from pipeline.engines import sglang_cpu
+    from pipeline.engines.sglang import cpu as sglang_cpu
 
     monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
     with pytest.raises(RuntimeError, match="CPU engine only"):
@@ -88,7 +92,7 @@ def test_cpu_layer_refuses_to_load_off_the_cpu_engine(monkeypatch):
 @needs_sglang
 def test_stand_in_as_imported_in_the_engine_environment():
     code = ("import importlib, torch\n"
-            "from pipeline.engines.sglang_cpu import sgl_kernel_standin as s\n"
+            "from pipeline.engines.sglang.cpu import sgl_kernel_standin as s\n"
             "assert s.install()\n"
             "import sgl_kernel\n"
             "assert s.is_stand_in(sgl_kernel)\n"
@@ -151,7 +155,7 @@ def started(request, tiny_model):
     info = read_model_info(path)
     single, batch = samples_of([37]), samples_of([5, 41, 17, 1, 29], seed=1)
     reference = hf_reference(path, single + batch)
-    with make_engine("sglang", **engine_kwargs(path, capturable(info.num_layers))) as engine:
+    with make_engine(**engine_kwargs(path, capturable(info.num_layers))) as engine:
         yield engine, path, info, reference, single, batch
 
 
@@ -218,7 +222,7 @@ def test_provenance_is_read_from_the_running_engine(started):
 def test_the_serving_engine_returns_the_same_final_states(started):
     """sglang.Engine.generate(return_hidden_states=True), the serving path, against the in-process runner."""
     engine, path, info, _, _, batch = started
-    from pipeline.engines.sglang_serving_client import ServingEngine
+    from bench.sglang_serving_client import ServingEngine
 
     caps = engine.capture(batch)
     with ServingEngine(str(path), [s.input_ids_T for s in batch], dtype="float32", hidden_states=True) as serving:
@@ -240,7 +244,7 @@ def test_native_lists_starting_with_1_capture_the_documented_layers(tiny_model, 
     path = tiny_model(model)
     (sample,) = samples_of([23], seed=2)
     expected = hf_reference(path, [sample])[sample.sample_id]
-    with make_engine("sglang", **engine_kwargs(path, boundaries, aux_layer_ids=ids)) as engine:
+    with make_engine(**engine_kwargs(path, boundaries, aux_layer_ids=ids)) as engine:
         (cap,) = engine.capture([sample])
         assert engine.info().extra["layers_to_capture"] == boundaries
     errors = {f"id {i} -> b{b}": rel_l2(cap.hidden_states_TPH[:, j], expected[f"b{b}"])
@@ -255,7 +259,7 @@ def test_native_lists_starting_with_1_capture_the_documented_layers(tiny_model, 
 @needs_sglang
 @pytest.mark.parametrize("model", ["tiny-kimi-bf16", "tiny-llama"])
 def test_the_last_layer_output_is_refused(tiny_model, model):
-    engine = make_engine("sglang", **engine_kwargs(tiny_model(model), ["embed", "last", "final_norm"]))
+    engine = make_engine(**engine_kwargs(tiny_model(model), ["embed", "last", "final_norm"]))
     with pytest.raises(EngineWorkerError, match=r"b\d .*cannot be captured by SGLang 0.5.23.*Nothing else is "
                                                 r"substituted"):
         engine.start()
@@ -265,7 +269,7 @@ def test_the_last_layer_output_is_refused(tiny_model, model):
 @needs_sglang
 def test_the_int4_checkpoint_is_refused_naming_the_bf16_twin(tiny_model):
     tiny_model("tiny-kimi-bf16")  # the twin the message points to
-    engine = make_engine("sglang", **engine_kwargs(tiny_model("tiny-kimi-int4"), ["embed", 4, "final_norm"]))
+    engine = make_engine(**engine_kwargs(tiny_model("tiny-kimi-int4"), ["embed", 4, "final_norm"]))
     with pytest.raises(EngineWorkerError, match="no INT4 MoE kernel on CPU.*tiny-kimi-bf16.*model=tiny_kimi_bf16"):
         engine.start()
     engine.close()
@@ -274,7 +278,7 @@ def test_the_int4_checkpoint_is_refused_naming_the_bf16_twin(tiny_model):
 @needs_sglang
 def test_tensor_parallelism_on_cpu_is_refused(tiny_model):
     kwargs = engine_kwargs(tiny_model("tiny-llama"), ["embed", 2, "final_norm"], tp_size=2, device="cpu")
-    engine = make_engine("sglang", **kwargs)
+    engine = make_engine(**kwargs)
     with pytest.raises(EngineWorkerError, match="engine.tp_size=2 with engine.options.device=cpu.*GPUs only"):
         engine.start()
     engine.close()

@@ -13,7 +13,14 @@ import torch
 from safetensors import safe_open
 
 from pipeline.models import int4
-from pipeline.models.tiny import MARKER, RECIPES, default_root, ensure_model, is_complete, main
+from pipeline.models.tiny import (
+    MARKER,
+    RECIPES,
+    default_root,
+    ensure_model,
+    is_complete,
+    main,
+)
 
 pytestmark = pytest.mark.integration
 

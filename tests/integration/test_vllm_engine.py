@@ -14,9 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline.data.sample import PreparedSample
-from pipeline.engines.base import make_engine
-from pipeline.engines.remote import EngineWorkerError
+from pipeline.core.contracts import EngineSpec, PreparedSample
+from pipeline.engines.process.remote import EngineWorkerError
+from pipeline.engines.registry import make_engine
 from pipeline.models.info import read_model_info
 from pipeline.points import parse_points
 from pipeline.shards.reader import RunReader
@@ -50,8 +50,8 @@ def all_points(path):
 
 def engine(name, path, dtype, **options):
     points = all_points(path)
-    return make_engine(name, model_path=str(path), dtype=dtype, points=points, num_layers=len(points) - 2,
-                       options=options)
+    return make_engine(EngineSpec(name=name, dtype=dtype, options=options), model_path=str(path), points=points,
+                       num_layers=len(points) - 2)
 
 
 def hf_captures(path, dtype, batch):
@@ -304,7 +304,7 @@ def test_extract_end_to_end_through_vllm(tmp_path, tiny_model):
     ids = written["input_ids"].numpy().astype(np.int64)
     path = tiny_model("tiny-kimi-bf16")
     points = parse_points(list(reader.points), num_layers=read_model_info(path).num_layers)
-    with make_engine("hf", model_path=str(path), dtype="float32", points=points, num_layers=8, options={}) as hf:
+    with make_engine(EngineSpec(name="hf", dtype="float32"), model_path=str(path), points=points, num_layers=8) as hf:
         (ref,) = hf.capture([PreparedSample(sample_id=sample_id, source="x", row=0, input_ids_T=ids,
                                             loss_mask_T=np.ones(len(ids), dtype=np.uint8))])
     error = rel_l2(written["hidden_states"], ref.hidden_states_TPH)

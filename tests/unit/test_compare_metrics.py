@@ -7,7 +7,8 @@ import torch
 from pipeline.compare.align import align
 from pipeline.compare.judge import judge_points, pair_dtype
 from pipeline.compare.metrics import point_stats
-from pipeline.compare.probe import EngineRun
+from pipeline.compare.probe import ProbeRun
+from pipeline.core.contracts import EngineSpec
 from pipeline.config import AlignmentConfig, DiffConfig, RoutingFlipConfig
 from pipeline.points import Point
 
@@ -31,9 +32,9 @@ def residual_stream(lengths=(20, 13), seed=0) -> list[torch.Tensor]:
     return out
 
 
-def run_of(batch, label="engine", points=LABELS) -> EngineRun:
+def run_of(batch, label="engine", points=LABELS) -> ProbeRun:
     pts = [Point(None) if p == "final_norm" else Point(int(p[1:])) for p in points]
-    return EngineRun(label=label, role="engine", config={}, points=pts, batch=batch,
+    return ProbeRun(label=label, role="engine", spec=EngineSpec(name="hf"), model_path="-", points=pts, batch=batch,
                      info={"dtype": "bfloat16"})
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.compare.checkpoint import moe_layers
-from pipeline.compare.entries import engine_config, engine_specs, entry, reference_spec
-from pipeline.compare.spec import SpecError, parse_spec, unique
+from pipeline.compare.engines import other_entries, probe_run, reference_entry
 from pipeline.config import ConfigError, DiffConfig, to_config
+from pipeline.config.entries import SpecError, parse_entry, to_spec, unique
 from pipeline.models.info import ModelInfo
 
 
@@ -22,18 +22,18 @@ def test_the_yaml_is_the_schema_default(compose_cfg):
 def test_engine_entries_as_strings_and_mappings(compose_cfg):
     cfg = to_config(compose_cfg("diff.engines=[sglang,vllm@bfloat16,{name:hf,dtype:float32,label:hf-w,"
                                 "options:{python:/x/bin/python}}]", "diff.reference=hf"))
-    ref = reference_spec(cfg.diff.reference)
-    specs = engine_specs(cfg.diff.engines, "diff.engines", ref)
+    ref = reference_entry(cfg.diff.reference)
+    specs = other_entries(cfg.diff.engines, "diff.engines", ref)
     assert [s.display for s in specs] == ["sglang", "vllm@bfloat16", "hf-w"]
     assert specs[2].options == {"python": "/x/bin/python"} and specs[2].dtype == "float32"
 
 
 def test_an_entry_equal_to_the_reference_is_the_reference():
-    ref = parse_spec("hf@float32", "r")
-    assert engine_specs(["hf@float32", "hf@bfloat16"], "diff.engines", ref) == [parse_spec("hf@bfloat16", "e")]
+    ref = parse_entry("hf@float32", "r")
+    assert other_entries(["hf@float32", "hf@bfloat16"], "diff.engines", ref) == [parse_entry("hf@bfloat16", "e")]
     with pytest.raises(ConfigError, match="both called 'hf@float32'; give one a label"):
-        engine_specs([{"name": "hf", "dtype": "float32", "options": {"python": "/p"}}], "diff.engines", ref)
-    assert len(unique([parse_spec("hf", "a"), parse_spec("hf", "b")])) == 1
+        other_entries([{"name": "hf", "dtype": "float32", "options": {"python": "/p"}}], "diff.engines", ref)
+    assert len(unique([parse_entry("hf", "a"), parse_entry("hf", "b")])) == 1
 
 
 @pytest.mark.parametrize("override, match", [
@@ -62,12 +62,11 @@ def test_thresholds_are_keyed_by_compute_dtype():
 
 
 def test_an_entry_starts_from_its_engine_preset():
-    hf = engine_config(parse_spec("hf@bfloat16", "e"), "e")
+    hf = to_spec(parse_entry("hf@bfloat16", "e"))
     assert (hf.name, hf.dtype, hf.batch_size, hf.options) == ("hf", "bfloat16", 8, {"attn_implementation": "sdpa"})
-    custom = engine_config(parse_spec({"name": "hf", "batch_size": 2, "options": {"attn_implementation": "eager"}},
-                                      "e"), "e")
+    custom = to_spec(parse_entry({"name": "hf", "batch_size": 2, "options": {"attn_implementation": "eager"}}, "e"))
     assert (custom.dtype, custom.batch_size, custom.options) == ("auto", 2, {"attn_implementation": "eager"})
-    unknown = engine_config(parse_spec("someday@float32", "e"), "e")  # no preset: EngineConfig defaults
+    unknown = to_spec(parse_entry("someday@float32", "e"))  # no preset: EngineSpec defaults
     assert (unknown.name, unknown.dtype, unknown.options) == ("someday", "float32", {})
 
 
@@ -78,12 +77,12 @@ def _model(tmp_path: Path) -> ModelInfo:
 
 def test_unknown_engines_fail_before_anything_starts(tmp_path):
     with pytest.raises(ConfigError, match=r"diff\.engines\[0\]: engine='tensorrt' is unknown; known engines: "):
-        entry(parse_spec("tensorrt", "e"), role="engine", model=_model(tmp_path), points=[], where="diff.engines[0]")
+        probe_run(parse_entry("tensorrt", "e"), role="engine", model=_model(tmp_path), points=[], where="diff.engines[0]")
     with pytest.raises(ConfigError, match="model_path='/nowhere'"):
-        entry(parse_spec({"name": "hf", "model_path": "/nowhere"}, "e"), role="engine", model=_model(tmp_path),
+        probe_run(parse_entry({"name": "hf", "model_path": "/nowhere"}, "e"), role="engine", model=_model(tmp_path),
               points=[], where="diff.engines[0]")
     with pytest.raises(SpecError):
-        parse_spec(3, "diff.engines[0]")
+        parse_entry(3, "diff.engines[0]")
 
 
 def test_moe_layers_from_the_model_config():

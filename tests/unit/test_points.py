@@ -1,7 +1,14 @@
 """Canonical capture points and every framework's native numbering (ENGINES.md, the convention zoo)."""
 import pytest
 
-from pipeline.points import Point, PointError, from_native, parse_points, resolve, to_native
+from pipeline.points import (
+    Point,
+    PointError,
+    from_native,
+    parse_points,
+    resolve,
+    to_native,
+)
 
 N = 61  # Kimi-K2.5
 B = Point

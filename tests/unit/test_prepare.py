@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
+from pipeline.core.contracts import Reject
 from pipeline.data.prepare import PreparedData, prepare, write_rejects
-from pipeline.data.sample import Reject
 from pipeline.data.sources import check_readable
 from pipeline.models.tokenizer import build_tokenizer, bundled_conversations_path
 

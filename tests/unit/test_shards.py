@@ -10,10 +10,14 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pipeline.data.sample import PreparedSample
-from pipeline.engines.base import Capture
+from pipeline.core.contracts import Capture, PreparedSample
 from pipeline.shards import layout
-from pipeline.shards.manifest import ManifestError, is_finished, read_manifest, write_manifest
+from pipeline.shards.manifest import (
+    ManifestError,
+    is_finished,
+    read_manifest,
+    write_manifest,
+)
 from pipeline.shards.plan import plan_units
 from pipeline.shards.reader import RunReader
 from pipeline.shards.validate import capture_reject, check_capture
@@ -237,7 +241,7 @@ def test_validate_names_each_failure():
             sample_id=sample.sample_id, input_ids_T=good.input_ids_T, hidden_states_TPH=good.hidden_states_TPH[..., :8]),
     }
     for expected, capture in cases.items():
-        assert expected in _check(sample, capture)
+        assert expected in str(_check(sample, capture))
 
 
 def test_validate_counts_non_finite_values_per_point():
@@ -246,7 +250,7 @@ def test_validate_counts_non_finite_values_per_point():
     capture.hidden_states_TPH[2, 1, 3] = float("nan")
     capture.hidden_states_TPH[5, 1, 0] = float("nan")
     capture.hidden_states_TPH[0, 2, 7] = float("-inf")
-    reason = _check(sample, capture)
+    reason = str(_check(sample, capture))
     assert reason == "non_finite: hidden_states_TPH has 2 NaN and 1 inf value(s), at point index(es) [1, 2] of 3"
     reject = capture_reject(sample, capture, num_points=len(POINTS), hidden_size=H)
     assert (reject.reason, reject.detail, reject.sample_id, reject.row) == ("non_finite", reason, "id-0-0", 0)

@@ -9,12 +9,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from test_shards import POINTS, H, make_items, make_run
 
+from pipeline.core.io import sha256_file
+from pipeline.core.stfile import read_header
 from pipeline.shards import layout
-from pipeline.shards.stfile import read_header
 from pipeline.shards.verify import verify_run
 from pipeline.shards.writer import write_shard
-from test_shards import POINTS, H, make_items, make_run
 
 REPO = Path(__file__).resolve().parents[2]
 ST0 = "shards/shard-00000.safetensors"
@@ -32,7 +33,7 @@ def _refresh_file_record(run_dir, rel):
     def edit(manifest):
         for shard in manifest["shards"]:
             if rel in shard["files"]:
-                shard["files"][rel] = {"sha256": layout.file_sha256(run_dir / rel), "bytes": (run_dir / rel).stat().st_size}
+                shard["files"][rel] = {"sha256": sha256_file(run_dir / rel), "bytes": (run_dir / rel).stat().st_size}
     _edit_manifest(run_dir, edit)
 
 

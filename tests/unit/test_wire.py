@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from pipeline.engines import wire
-from pipeline.shards.stfile import tensors_from_buffer
+from pipeline.core.stfile import tensors_from_buffer
+from pipeline.engines.process import wire
 
 
 def _tensors() -> dict[str, torch.Tensor]:

@@ -10,7 +10,6 @@ non-determinism); it is the engine whose states are written.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,15 +17,17 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pipeline.compare.analyze import DiffResult, all_points
-from pipeline.compare.entries import EngineEntry, engine_specs, entry, reference_spec
-from pipeline.compare.probe import EngineRun, ExecutorView, capture_probe, probe_engine, probe_samples
-from pipeline.compare.report import summary, write_report
+from pipeline.compare.engines import comparison
+from pipeline.compare.probe import ProbeRun, capture_probe, probe_engine, probe_samples
+from pipeline.compare.report import write_html, write_report
+from pipeline.compare.serialize import summary
 from pipeline.compare.stage import compare, report_config
 from pipeline.config import ConfigError, ExtractConfig
-from pipeline.data.sample import PreparedSample
+from pipeline.core.contracts import PreparedSample
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point
-from pipeline.run.resolve import GATE_DIR  # inside the run directory: the gate's report
+from pipeline.run.executor import Executor
+from pipeline.shards.layout import DIFF_DIR  # inside the run directory: the gate's report
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,9 @@ def primary_label(cfg: ExtractConfig) -> str:
 
 class DiffGate:
     def __init__(self, cfg: ExtractConfig, model: ModelInfo, points: Sequence[Point], out_dir: Path,
-                 others: list[EngineEntry]) -> None:
+                 others: list[ProbeRun]) -> None:
         self.cfg, self.model, self.points, self.out_dir, self.others = cfg, model, list(points), out_dir, others
-        self.runs: list[EngineRun] = []
+        self.runs: list[ProbeRun] = []
         self.samples: list[PreparedSample] = []
         self.seconds: dict[str, float] = {}
         self._html_due = False
@@ -75,43 +76,37 @@ class DiffGate:
         """None when diff.gate=off. Resolves the reference entries (config errors surface here, before any work)."""
         if cfg.diff.gate == "off":
             return None
-        ref = reference_spec(cfg.diff.reference)
-        others = [entry(ref, role="reference", model=model, points=all_points(model.num_layers),
-                        where="diff.reference")]
-        for i, spec in enumerate(engine_specs(cfg.diff.gate_engines, "diff.gate_engines", ref)):
-            others.append(entry(spec, role="engine", model=model, points=points, where=f"diff.gate_engines[{i}]"))
-        for e in others:  # constructing loads nothing; an engine whose environment is absent fails here
+        others = comparison(cfg.diff.reference, cfg.diff.gate_engines, "diff.gate_engines", model=model,
+                            all_points=all_points(model.num_layers), points=points)
+        for run in others:  # constructing loads nothing; an engine whose environment is absent fails here
             try:
-                e.make(model.num_layers)
-            except (NotImplementedError, FileNotFoundError) as err:
-                raise ConfigError(f"diff gate engine {e.label} ({e.role}): {err}") from err
+                run.make(model.num_layers)
+            except FileNotFoundError as err:
+                raise ConfigError(f"diff gate engine {run.label} ({run.role}): {err}") from err
         return cls(cfg, model, points, out_dir, others)
 
-    def probe_references(self, samples: Sequence[PreparedSample], executor: Any) -> None:
+    def probe_references(self, samples: Sequence[PreparedSample], executor: Executor) -> None:
         """Start, probe and close every engine other than the primary (once each, no self-checks), each where the
         executor runs a replica (`executor.run_beside`: on Ray, a task with a replica's GPUs)."""
         t0 = time.perf_counter()
         probe = self.cfg.diff.gate_probe
         self.samples = probe_samples(samples, probe)
         once = dataclasses.replace(probe, repeats=1, alone=0)
-        for e in self.others:
-            log.info("diff gate: probing %s (%s)", e.label, e.role)
-            run = EngineRun(label=e.label, role=e.role, config=e.describe(), points=e.points)
-            self.runs.append(executor.run_beside(probe_engine, run, functools.partial(e.make, self.model.num_layers),
-                                                 self.samples, once, batch_size=e.config.batch_size,
-                                                 hidden_size=self.model.hidden_size))
+        for run in self.others:
+            log.info("diff gate: probing %s (%s)", run.label, run.role)
+            self.runs.append(executor.run_beside(probe_engine, run, self.samples, once,
+                                                 num_layers=self.model.num_layers, hidden_size=self.model.hidden_size))
         self.seconds["references"] = time.perf_counter() - t0
 
-    def check(self, executor: Any) -> GateOutcome:
-        """Probe the started primary engine (through its executor: `probe` + `engine_info`), compare, write the
-        report; stop (raise DiffGateError) or warn when it fails."""
+    def check(self, executor: Executor) -> GateOutcome:
+        """Probe the started primary engine through its executor, compare, write the report; stop (raise
+        DiffGateError) or warn when it fails."""
         t0 = time.perf_counter()
         c = self.cfg
-        run = EngineRun(label=primary_label(c), role="primary", points=self.points,
-                        config={**dataclasses.asdict(c.engine), "model_path": str(self.model.path)})
+        run = ProbeRun(label=primary_label(c), role="primary", spec=c.engine, model_path=str(self.model.path),
+                       points=self.points)
         try:
-            capture_probe(run, ExecutorView(executor), self.samples, c.diff.gate_probe, batch_size=c.engine.batch_size,
-                          hidden_size=self.model.hidden_size)
+            capture_probe(run, executor, self.samples, c.diff.gate_probe, hidden_size=self.model.hidden_size)
         except Exception as e:  # the report says so and the gate fails
             run.error = f"{type(e).__name__}: {e}"
         t1 = time.perf_counter()
@@ -120,7 +115,7 @@ class DiffGate:
                          cfg=c.diff)
         t2 = time.perf_counter()
         self.seconds["analysis"] = t2 - t1
-        report_dir = self.out_dir / GATE_DIR
+        report_dir = self.out_dir / DIFF_DIR
         result.seconds.update({f"gate {k}": v for k, v in self.seconds.items()})
         # Plots are for people, not for the decision: drawn now when the gate fails (the stop message points at
         # them), after the run for diff.gate_html=always, and otherwise on demand from report.json.
@@ -131,7 +126,7 @@ class DiffGate:
         self.seconds["report"] = time.perf_counter() - t2
         outcome = GateOutcome(mode=c.diff.gate, status=result.status, report_dir=report_dir,
                               parts=dict(self.seconds), result=result,
-                              summary=summary(result, report=f"{GATE_DIR}/report.json"),
+                              summary=summary(result, report=f"{DIFF_DIR}/report.json"),
                               lines=result.failures + result.warnings)
         if result.status == "fail":
             message = _stop_message(result, report_dir)
@@ -146,8 +141,6 @@ class DiffGate:
         the gate's cost)."""
         if not self._html_due or self.outcome is None or self.outcome.result is None:
             return
-        from pipeline.compare.report import write_html
-
         t0 = time.perf_counter()
         write_html(self.outcome.result, self.outcome.report_dir)
         self.outcome.parts["report.html (after the run)"] = time.perf_counter() - t0

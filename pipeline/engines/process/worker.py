@@ -1,7 +1,7 @@
-"""An engine in its own process (and virtualenv): `python -m pipeline.engines.worker TARGET IN_FD OUT_FD`.
+"""An engine in its own process (and virtualenv): `python -m pipeline.engines.process.worker TARGET IN_FD OUT_FD`.
 
 vLLM and SGLang pin torch builds that cannot share an environment with each other or with the pipeline, so their
-adapters run here, in the engine's own virtualenv, driven by `pipeline.engines.remote.RemoteEngine` over two pipes
+adapters run here, in the engine's own virtualenv, driven by `pipeline.engines.process.remote.RemoteEngine` over two pipes
 (stdout stays free for the engine's own chatter, which goes to stderr).
 """
 from __future__ import annotations
@@ -16,16 +16,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.data.sample import PreparedSample
-from pipeline.engines import wire
+from pipeline.core.contracts import EngineSpec, PreparedSample
+from pipeline.engines.process import wire
 from pipeline.points import parse_points
 
 
 def _load(target: str, init: dict[str, Any]):
     module_name, cls_name = target.split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
-    points = parse_points(init.pop("points"), num_layers=init["num_layers"])
-    return cls(points=points, **init)
+    points = parse_points(init["points"], num_layers=init["num_layers"])
+    return cls(EngineSpec(**init["spec"]), model_path=init["model_path"], points=points, num_layers=init["num_layers"])
 
 
 def _samples(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[PreparedSample]:

@@ -1,6 +1,6 @@
 """Run an engine adapter in another Python (its own virtualenv) behind the same `Engine` interface.
 
-The pipeline's environment never imports vllm or sglang: `RemoteEngine` starts `pipeline.engines.worker` with the
+The pipeline's environment never imports vllm or sglang: `RemoteEngine` starts `pipeline.engines.process.worker` with the
 engine environment's interpreter and forwards start / capture / info / close over two pipes (see `wire`).
 """
 from __future__ import annotations
@@ -13,17 +13,17 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from pipeline.data.sample import PreparedSample
-from pipeline.engines import wire
-from pipeline.engines.base import Capture, Engine, EngineInfo, PointSource
-
+from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, PreparedSample
+from pipeline.engines.base import Engine
+from pipeline.engines.process import wire
+from pipeline.points import Point
 
 _PIPE_BYTES = 1 << 20
 
 
 def _widen(fd: int) -> None:
-    """Give the captures' pipe 1 MiB instead of Linux's 64 KiB: measured across two processes, 164 MB of captures
-    took 0.43 s through the default pipe and 0.21 s through this one (fewer wake-ups of reader and writer)."""
+    """Give the captures' pipe 1 MiB instead of Linux's 64 KiB: fewer wake-ups of reader and writer, so large
+    captures cross between the two processes faster (bench/README.md#figures-measured-outside-the-bench-scripts)."""
     try:
         import fcntl
 
@@ -42,10 +42,12 @@ class EngineWorkerError(RuntimeError):
 
 
 class RemoteEngine(Engine):
-    name = "remote"
+    """The adapter `target` ("module:Class") running in `python`'s environment; it is called by its spec's name."""
 
-    def __init__(self, *, target: str, python: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, spec: EngineSpec, *, target: str, python: str, model_path: str, points: Sequence[Point],
+                 num_layers: int) -> None:
+        super().__init__(spec, model_path=model_path, points=points, num_layers=num_layers)
+        self.name = spec.name
         self.target, self.python = target, python
         self._proc: subprocess.Popen | None = None
 
@@ -54,7 +56,7 @@ class RemoteEngine(Engine):
         from_worker_r, from_worker_w = os.pipe()
         _widen(from_worker_w)
         self._proc = subprocess.Popen(
-            [self.python, "-m", "pipeline.engines.worker", self.target, str(to_worker_r), str(from_worker_w)],
+            [self.python, "-m", "pipeline.engines.process.worker", self.target, str(to_worker_r), str(from_worker_w)],
             pass_fds=(to_worker_r, from_worker_w), stdin=subprocess.DEVNULL)
         os.close(to_worker_r)
         os.close(from_worker_w)
@@ -76,8 +78,8 @@ class RemoteEngine(Engine):
 
     def start(self) -> None:
         self._spawn()
-        init = {"model_path": self.model_path, "dtype": self.dtype, "points": [p.label for p in self.points],
-                "num_layers": self.num_layers, "options": self.options}
+        init = {"spec": self.spec.describe(), "model_path": self.model_path,
+                "points": [p.label for p in self.points], "num_layers": self.num_layers}
         self._call({"op": "init", "init": init})
         self._call({"op": "start"})
 
@@ -97,9 +99,7 @@ class RemoteEngine(Engine):
         return self._call({"op": "call", "method": method, "args": list(args)})[0]["result"]
 
     def info(self) -> EngineInfo:
-        raw = self._call({"op": "info"})[0]["info"]
-        raw["points"] = [PointSource(**p) for p in raw["points"]]
-        return EngineInfo(**raw)
+        return EngineInfo.from_dict(self._call({"op": "info"})[0]["info"])
 
     def close(self) -> None:
         if self._proc is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from pipeline.engines.base import PointSource
+from pipeline.core.contracts import PointSource
 from pipeline.points import Point, PointError, convention_for, from_native, to_native
 
 AUX, TABLE, FINAL = "aux", "embedding_table", "final_norm"

@@ -9,12 +9,10 @@ Design note: worker extension + forward hooks, not vLLM's native `extract_hidden
   when vLLM's EngineCore runs in this process (the default, `engine_core_process: false`). The native method sends
   every token through a KV connector that writes files (its async writer uses pinned memory and crashes on CPU; a
   synchronous subclass works), i.e. one more write and read of every state; it was not benchmarked here.
-- Measured on this 2-core CPU (shared with other jobs: single timings swing up to 5x, so best-of figures): engine
-  start 3-10 s alone, ~20 s under load, with the EngineCore in this process vs ~40 s in its own process. Tiny Kimi
-  bf16, 16k tokens, 6 interleaved repeats: plain prefill 8798 tok/s, capture through the worker 8167 tok/s (0.93),
-  capture + validation + shard write 7381 tok/s (0.84); in-process, hooks armed vs removed showed no measurable cost,
-  so the gap is the transfer out of the worker and the (synchronous) shard write. Numerics vs the HF engine in
-  float32: tiny Llama <= 8e-7 relative L2, tiny Kimi <= 2.1e-6 at every point.
+- Cost: armed hooks cost nothing measurable, so what capture adds to plain prefill is the transfer out of the worker
+  and the (synchronous) shard write; the EngineCore runs in this process by default because it starts much faster
+  there than in a process of its own. Figures: bench/README.md#vllm_throughput; numerics against the HF engine:
+  docs/engines.md#vllm-numerics.
 
 What vLLM really ran goes into provenance, read from the loaded model inside the worker (`vllm_facts`): attention
 backend, MoE kernel, rotary path, dtypes, parallel sizes, scheduler settings.
@@ -31,13 +29,13 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from pipeline.data.sample import PreparedSample
-from pipeline.engines.base import Capture, Engine, EngineInfo, PointSource
+from pipeline.core.contracts import Capture, EngineInfo, PointSource, PreparedSample
+from pipeline.engines.base import Engine
 from pipeline.points import Point, family_of, to_native
 
-EXTENSION = "pipeline.engines.vllm_capture.CaptureExtension"
-# vLLM's CPU rotary kernel mis-reads the 3-D strided q_pe/k_pe views of MLA with the default rope (ENGINES.md);
-# excluding the custom op forces vLLM's PyTorch rope.
+EXTENSION = "pipeline.engines.vllm.capture.CaptureExtension"
+# vLLM's CPU rotary kernel mis-reads the 3-D strided q_pe/k_pe views of MLA with the default rope; excluding the
+# custom op forces vLLM's PyTorch rope (docs/engines.md#vllm-cpu-rotary-bug-on-mla).
 NO_CUSTOM_ROTARY = ["all", "-rotary_embedding"]
 _NO_MOE_KERNEL = re.compile(r"No \w+ MoE backend supports")
 
@@ -58,7 +56,6 @@ class VLLMOptions:
     disable_custom_rotary: bool = False  # the documented workaround for vLLM's CPU rotary-kernel bug
     engine_core_process: bool = False  # True = vLLM's EngineCore in its own process (vLLM's default)
     seed: int = 0
-    tp_size: int = 1
     python: str | None = None  # the interpreter (used by make_engine, not here)
 
     @classmethod
@@ -160,7 +157,7 @@ class VLLMEngine(Engine):
     def _llm_kwargs(self) -> dict[str, Any]:
         o = self._opts
         kwargs: dict[str, Any] = dict(
-            model=self.model_path, dtype=self.dtype, seed=o.seed, tensor_parallel_size=o.tp_size,
+            model=self.model_path, dtype=self.dtype, seed=o.seed, tensor_parallel_size=self.spec.tp_size,
             enforce_eager=True, enable_prefix_caching=False,  # cached prefix tokens would get no hidden states
             gpu_memory_utilization=o.gpu_memory_utilization, max_model_len=self._max_model_len(),
             disable_log_stats=True, worker_extension_cls=EXTENSION)
@@ -199,22 +196,6 @@ class VLLMEngine(Engine):
         return [Capture(sample_id=s.sample_id, input_ids_T=taken[rid]["input_ids"].numpy().astype(np.int64),
                         hidden_states_TPH=taken[rid]["hidden"])
                 for s, rid in zip(samples, request_ids)]
-
-    def plain_prefill_seconds(self, prompts: list[list[int]]) -> float:
-        """Seconds vLLM takes to prefill `prompts` (max_tokens=1) with the capture hooks removed: the baseline of
-        bench/vllm_throughput.py, on this very engine (called through `RemoteEngine.call`)."""
-        import time
-
-        from vllm import SamplingParams
-
-        self._rpc("capture_remove")
-        try:
-            start = time.perf_counter()
-            self._llm.generate([{"prompt_token_ids": p} for p in prompts],
-                               SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), use_tqdm=False)
-            return time.perf_counter() - start
-        finally:
-            self._rpc("capture_install", _capture_plan(self.points, self.num_layers))
 
     def _take(self, request_ids: list[str]) -> dict[str, dict[str, torch.Tensor]]:
         if not self._opts.engine_core_process:  # same process: the worker's tensors, no copy

@@ -3,7 +3,7 @@
 A message is `<u64 header length><u64 payload length><JSON header><safetensors payload>`; tensors travel in the
 safetensors format, so nothing on either side ever unpickles data from the other. A payload is streamed tensor by
 tensor into the pipe and read into one buffer whose tensors are views of it: a capture is not copied on its way
-through (each copy of a shard's hidden states costs ~0.05 s per 100 MB on a CPU node).
+through (on a CPU node every copy of a shard's hidden states is time the engine does not compute).
 """
 from __future__ import annotations
 
@@ -13,7 +13,12 @@ from typing import Any, BinaryIO
 
 import torch
 
-from pipeline.shards.stfile import DTYPE_CODES, TensorSpec, header_bytes, tensors_from_buffer
+from pipeline.core.stfile import (
+    DTYPE_CODES,
+    TensorSpec,
+    header_bytes,
+    tensors_from_buffer,
+)
 
 _PREFIX = struct.Struct("<QQ")
 

@@ -1,6 +1,6 @@
 """Everything the pipeline needs to run SGLang 0.5.23's CPU engine, in one place, active only on CPU.
 
-Two things, both documented in their modules and in ../shared/ENGINES.md (SGLang section):
+Two things, both documented in their modules and in docs/engines.md (#sgl_kernel-stand-in, #deepseek-on-sglang-cpu):
 - `sgl_kernel_standin`: an import-time stand-in for `sgl_kernel` (no CPU build exists on PyPI) whose every function
   raises when called; installed only when no real `sgl_kernel` is importable;
 - `deepseek_mla`: the `torch_native` attention backend registered to DeepSeek's absorbed-MLA dispatch.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pipeline.engines.sglang_cpu import sgl_kernel_standin
+from pipeline.engines.sglang.cpu import sgl_kernel_standin
 
 CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
 _activated: dict[str, Any] | None = None
@@ -35,7 +35,7 @@ def activate() -> dict[str, Any]:
                            f"{os.environ.get(CPU_ENGINE_ENV)!r} (expected '1'); on GPUs the real sgl-kernel is used")
     if _activated is None:
         standin = sgl_kernel_standin.install()
-        from pipeline.engines.sglang_cpu import deepseek_mla
+        from pipeline.engines.sglang.cpu import deepseek_mla
 
         _activated = {
             "sgl_kernel": (f"pipeline stand-in: {len(sgl_kernel_standin.NAMES)} import-time names, each raises if "

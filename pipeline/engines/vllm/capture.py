@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from pipeline.engines.vllm import facts as vllm_facts
+
 EMBED, LAYER_OUT, FINAL_NORM = "embed", "layer_out", "final_norm"
 
 
@@ -149,8 +151,6 @@ class CaptureExtension:
         return {rid: _join(rid, parts) for rid, parts in pieces.items()}
 
     def capture_facts(self) -> dict[str, Any]:
-        from pipeline.engines import vllm_facts
-
         return vllm_facts.collect(self)
 
     def capture_remove(self) -> None:

@@ -13,16 +13,18 @@ import logging
 import os
 import threading
 from collections import deque
+from functools import partial
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from pipeline.config import ConfigError, RunnerConfig
-from pipeline.data.sample import PreparedSample
-from pipeline.engines.base import Capture, EngineInfo, EngineStartError, error_summary
-from pipeline.run.capture import CaptureStage, StageSettings, UnitResult, unfinished_units
-from pipeline.run.local import EngineSpec
-from pipeline.run.progress import RunProgress
+from pipeline.core.contracts import Capture, EngineInfo, PreparedSample
+from pipeline.engines.base import Engine, EngineStartError, error_summary
+from pipeline.engines.process.remote import EngineWorkerError
+from pipeline.engines.registry import make_engine
+from pipeline.run.capture import CaptureStage, StageSettings, UnitResult
+from pipeline.run.executor import Executor, OnDone
 
 log = logging.getLogger(__name__)
 # Without the first, Ray replaces 127.0.0.1 by the machine's routable address; nothing here may leave loopback.
@@ -30,20 +32,16 @@ LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABL
 FORWARDED_ENV = ("PIPELINE_MODELS_DIR", "SGLANG_USE_CPU_ENGINE", "VLLM_CPU_KVCACHE_SPACE")
 
 
-class UnitsFailed(RuntimeError):
-    """Some units could not be captured after all retries; the run has no manifest."""
-
-
 class CaptureActor:
     """One engine replica. Wrapped by `ray.remote` at run time, so importing this module needs no Ray."""
 
-    def __init__(self, spec: EngineSpec) -> None:
-        self.engine = spec.make()
+    def __init__(self, name: str, make: Callable[[], Engine]) -> None:
+        self.engine = make()
         self._start_error: str | None = None
         try:
             self.engine.start()
         except Exception as e:  # kept as one line for the driver: Ray would only pass on the traceback's text
-            log.error("engine %s did not start: %s", spec.name, error_summary(e))
+            log.error("engine %s did not start: %s", name, error_summary(e))
             log.debug("the engine's error in full", exc_info=True)
             self.engine.close()
             self._start_error = error_summary(e)
@@ -62,8 +60,6 @@ class CaptureActor:
 
     def run_unit(self, settings: StageSettings, run_dir: str, index: int,
                  samples: Sequence[PreparedSample]) -> UnitResult:
-        from pipeline.engines.remote import EngineWorkerError
-
         if self._start_error:  # a replacement actor whose engine did not start: the unit fails with why
             raise RuntimeError(f"engine did not start: {self._start_error}")
         stage = CaptureStage(engine=self.engine, settings=settings)
@@ -77,12 +73,13 @@ class CaptureActor:
         return stage.write(Path(run_dir), index, samples, captures)
 
 
-class RayExecutor:
-    def __init__(self, spec: EngineSpec, cfg: RunnerConfig) -> None:
+class RayExecutor(Executor):
+    def __init__(self, cfg: RunnerConfig, **kwargs: Any) -> None:
         if find_spec("ray") is None:  # at construction: before the gate and any engine start
             raise ConfigError("runner=ray needs Ray in this environment: pip install -e '.[ray]' "
                               "(scripts/setup.sh installs it)")
-        self.spec, self.cfg = spec, cfg
+        super().__init__(**kwargs)
+        self.cfg = cfg
         self.actors: list[Any] = []
         self._started_ray = False
         self._units_per_actor = 2 if cfg.overlap_writes else 1  # overlapped: one capturing, one being written
@@ -107,7 +104,10 @@ class RayExecutor:
             num_cpus=self.cfg.cpus_per_replica, num_gpus=self.cfg.gpus_per_replica,
             max_restarts=self.cfg.max_retries, max_task_retries=self.cfg.max_retries,
             max_concurrency=self._units_per_actor)
-        self.actors = [actor_cls.remote(self.spec) for _ in range(self.cfg.num_replicas)]
+        # What an actor builds its replica from (picklable; the executor itself holds Ray handles).
+        make = partial(make_engine, self.spec, model_path=self.model_path, points=self.points,
+                       num_layers=self.num_layers)
+        self.actors = [actor_cls.remote(self.spec.name, make) for _ in range(self.cfg.num_replicas)]
         errors = [e for e in ray.get([a.start_error.remote() for a in self.actors]) if e]
         if errors:
             self.__exit__()
@@ -133,32 +133,19 @@ class RayExecutor:
                                       max_retries=0)
         return ray.get(task.remote(*args, **kwargs))
 
-    def engine_info(self) -> EngineInfo:
+    def info(self) -> EngineInfo:
         return self._info
 
-    def probe(self, samples: Sequence[PreparedSample]) -> list[Capture]:
+    def capture(self, samples: Sequence[PreparedSample]) -> list[Capture]:
         import ray
 
         return ray.get(self.actors[0].probe.remote(list(samples)))
 
-    def run(self, settings: StageSettings, run_dir: Path,
-            units: Sequence[Sequence[PreparedSample]]) -> list[UnitResult]:
+    def _run_units(self, settings: StageSettings, run_dir: Path, units: Sequence[Sequence[PreparedSample]],
+                   todo_list: list[int], done: OnDone) -> dict[int, str]:
         import ray
 
-        results: dict[int, UnitResult] = {}
-        with RunProgress(units) as progress:
-            def done(result: UnitResult) -> None:
-                results[result.index] = result
-                progress.unit_done(result)
-
-            todo = deque(unfinished_units(run_dir, len(units), done))
-            failures = self._dispatch(ray, settings, run_dir, units, todo, done)
-        if failures:
-            raise UnitsFailed("; ".join(f"unit {i} ({units[i][0].sample_id}...): {err}"
-                                        for i, err in sorted(failures.items())))
-        return [results[i] for i in range(len(units))]
-
-    def _dispatch(self, ray, settings, run_dir, units, todo, done) -> dict[int, str]:
+        todo = deque(todo_list)
         inflight: dict[Any, tuple[Any, int]] = {}
         failures: dict[int, str] = {}
 

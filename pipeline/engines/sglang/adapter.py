@@ -1,51 +1,49 @@
 """SGLang 0.5.23: the primary serving engine, captured through its own model runner in the engine's virtualenv.
 
-How each canonical point is obtained (`pipeline.engines.sglang_plan`): boundaries through SGLang's built-in eagle3
+How each canonical point is obtained (`pipeline.engines.sglang.plan`): boundaries through SGLang's built-in eagle3
 aux capture (`enable_return_aux_hidden_states`, `speculative_algorithm="EAGLE3"`,
 `return_aux_hidden_state_layer_ids` from `pipeline.points.to_native`, whose numbering differs between Llama and
 DeepSeek); the embedding on Llama from an exact lookup in the checkpoint's table (on DeepSeek from native id 0);
 final_norm from the post-norm states the LM head reads. The last layer's pre-norm output cannot be captured and is
 refused. After loading, the model's own `layers_to_capture` must equal the boundaries the plan expects, so a wrong
 numbering table stops the engine before any capture. Radix cache off; on CPU: `device=cpu`,
-`attention_backend=torch_native`, CUDA graphs off, plus `pipeline.engines.sglang_cpu`.
+`attention_backend=torch_native`, CUDA graphs off, plus `pipeline.engines.sglang.cpu`.
 
-Why the in-process model runner, not `sglang.Engine.generate`, with numbers (tiny Kimi bf16 twin; a 2-core CPU shared
-with 2-3 other jobs, so single figures swing by 2x: compare rounds run side by side):
+Why the in-process model runner, not `sglang.Engine.generate` (figures: bench/README.md#sglang_throughput):
 - `Engine.generate(return_hidden_states=True)` returns hidden states as nested Python lists (the scheduler pickles
   them to the tokenizer manager; the caller rebuilds tensors). With aux capture enabled the response carries the aux
-  states *in place of* the post-norm ones, so final_norm needs a second pass. Measured: aux lists 115-140 tok/s vs
-  240-270 tok/s plain prefill (0.45-0.5x, float32, 64 prompts of 50-400 tokens); lists -> tensors alone costs
-  0.17 us per float (2.8 s for 16k tokens x 1024 floats), which at Kimi's width (7168 x 4 aux floats per token) is
-  ~5 ms per token: a ceiling near 200 tok/s whatever the GPUs do.
+  states *in place of* the post-norm ones, so final_norm needs a second pass. Turning the lists back into tensors
+  costs more than the forward, and its cost grows with the width: at Kimi's (7168 x 4 aux floats per token) it alone
+  caps a replica's throughput, whatever the GPUs do.
 - The in-process runner (`sglang.benchmark.one_batch`'s recipe, which SpecForge's target backend also uses) runs the
   same `ModelRunner.forward` the scheduler runs (the tests show its final states equal `Engine.generate`'s exactly)
   and keeps `LogitsProcessorOutput.hidden_states` (packed aux) and `.last_hidden_states` (post-norm) as tensors from
-  one forward: no lists, no second pass. bench/sglang_throughput.py, same 75 prompts (16,107 tokens), bf16,
-  alternating rounds: Engine plain prefill 314-378 tok/s; capture+write through the pipeline (aux + final norm +
-  embedding, worker transfer, validation, shard files) 273-638 tok/s; best-of ratio 1.69, per-round ratios
-  0.72 / 1.06 / 2.03 (median 1.06; target >= 0.9).
+  one forward: no lists, no second pass.
 Tensor parallelism (`engine.tp_size`, GPUs only): this runner is rank 0; ranks 1.. run in processes of their own, in
-lockstep (`pipeline.engines.sglang_tp`), as SGLang's own in-process benchmark runs them. Not exercised on the CPU
+lockstep (`pipeline.engines.sglang.tp`), as SGLang's own in-process benchmark runs them. Not exercised on the CPU
 machines this was built on: SGLang 0.5.23's CPU engine cannot form TP groups (it builds an NCCL communicator on the CPU
 device), so TP > 1 on CPU is refused.
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from pipeline.data.sample import PreparedSample
-from pipeline.engines.base import Capture, Engine, EngineInfo
-from pipeline.engines.sglang_plan import AUX, TABLE, CapturePlan, make_plan
+from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, PreparedSample
+from pipeline.engines.base import Engine
+from pipeline.engines.sglang import cpu as sglang_cpu
+from pipeline.engines.sglang.plan import AUX, TABLE, CapturePlan, make_plan
+from pipeline.engines.sglang.runner import ModelRunnerSession, RunnerSettings, set_platform_env
+from pipeline.engines.sglang.table import load_embedding_table, lookup
+from pipeline.engines.sglang.tp import Followers
 from pipeline.models.info import read_model_info
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _OPTIONS = {"device", "attention_backend", "aux_layer_ids", "max_tokens_per_forward", "mem_fraction_static",
-            "log_level", "tp_size", "python"}
+            "log_level", "python"}
 MAX_TOKENS_PER_FORWARD = 16384  # SGLang's default max_prefill_tokens
 
 
@@ -62,9 +60,6 @@ def _check_options(options: dict[str, Any]) -> None:
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise ValueError(f"engine.options has unknown key(s) {unknown} for engine=sglang; known: {sorted(_OPTIONS)}")
-    tp = options.get("tp_size", 1)
-    if not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"engine.tp_size={tp!r}: must be a positive integer")
     limit = options.get("max_tokens_per_forward", MAX_TOKENS_PER_FORWARD)
     if not isinstance(limit, int) or limit < 1:
         raise ValueError(f"engine.options.max_tokens_per_forward={limit!r}: must be a positive integer")
@@ -96,8 +91,8 @@ class SGLangEngine(Engine):
     name = "sglang"
     environment = ".venv-sglang"
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, spec: EngineSpec, **kwargs: Any) -> None:
+        super().__init__(spec, **kwargs)
         _check_options(self.options)
         info = read_model_info(self.model_path)
         if info.num_layers != self.num_layers:
@@ -106,7 +101,7 @@ class SGLangEngine(Engine):
         self.device = _device(self.options)
         if self.device == "cpu":
             _refuse_quantized_on_cpu(self.model_path, info.quantization)
-            _refuse_tp_on_cpu(int(self.options.get("tp_size", 1)))
+            _refuse_tp_on_cpu(self.spec.tp_size)
         self.plan: CapturePlan = make_plan(self.points, family=info.family, num_layers=self.num_layers,
                                            aux_layer_ids=self.options.get("aux_layer_ids"))
         self.max_tokens_per_forward = int(self.options.get("max_tokens_per_forward", MAX_TOKENS_PER_FORWARD))
@@ -115,25 +110,20 @@ class SGLangEngine(Engine):
         self._table_key: str | None = None
         self._compat: dict[str, Any] | None = None
 
-    def _settings(self):
-        from pipeline.engines.sglang_runner import RunnerSettings
-
+    def _settings(self) -> RunnerSettings:
         backend = self.options.get("attention_backend") or ("torch_native" if self.device == "cpu" else None)
         return RunnerSettings(model_path=self.model_path, dtype=self.dtype, device=self.device,
                               aux_layer_ids=self.plan.aux_layer_ids, max_tokens_per_forward=self.max_tokens_per_forward,
                               mem_fraction_static=self.options.get("mem_fraction_static"),
-                              attention_backend=backend, tp_size=int(self.options.get("tp_size", 1)),
+                              attention_backend=backend, tp_size=self.spec.tp_size,
                               log_level=self.options.get("log_level", "warning"))
 
     def start(self) -> None:
-        from pipeline.engines import sglang_runner
-
-        sglang_runner.set_platform_env(self.device)
+        set_platform_env(self.device)
         if self.device == "cpu":
-            from pipeline.engines import sglang_cpu
-
             self._compat = sglang_cpu.activate()  # before SGLang's first import in this process
-        self._session = sglang_runner.ModelRunnerSession(self._settings())
+        settings = self._settings()
+        self._session = ModelRunnerSession(settings, start_followers=Followers if settings.tp_size > 1 else None)
         self._session.start()
         self._facts = self._session.facts()
         self._check_layers_to_capture()
@@ -142,8 +132,6 @@ class SGLangEngine(Engine):
                              f"engine.options.max_tokens_per_forward={self.max_tokens_per_forward}: lower it, or "
                              f"raise engine.options.mem_fraction_static")
         if self.plan.needs(TABLE):
-            from pipeline.engines.sglang_table import load_embedding_table
-
             self._table_key, self._table = load_embedding_table(self.model_path, _DTYPES[self._facts["dtype"]])
         self._session.forward([np.arange(1, 9, dtype=np.int64)])  # one-off compilations happen here, not mid-run
 
@@ -176,8 +164,6 @@ class SGLangEngine(Engine):
             if p.source == AUX:
                 sources.append(result.aux_TKH[:, p.column])
             elif p.source == TABLE:
-                from pipeline.engines.sglang_table import lookup
-
                 sources.append(lookup(self._table, result.input_ids_T))
             else:
                 sources.append(result.post_norm_TH)
@@ -201,14 +187,6 @@ class SGLangEngine(Engine):
     def capture(self, samples: Sequence[PreparedSample]) -> list[Capture]:
         groups = self._forwards([s.input_ids_T for s in samples], [s.sample_id for s in samples])
         return [c for group in groups for c in self._capture_group([samples[i] for i in group])]
-
-    def forward_seconds(self, prompts: list[list[int]]) -> float:
-        """Extra (`RemoteEngine.call`): the runner's forwards alone, aux capture included, nothing moved out."""
-        seqs = [np.asarray(p, dtype=np.int64) for p in prompts]
-        start = time.perf_counter()
-        for group in self._forwards(seqs, [f"prompt {i}" for i in range(len(seqs))]):
-            self._session.forward([seqs[i] for i in group])
-        return time.perf_counter() - start
 
     def info(self) -> EngineInfo:
         import transformers

@@ -1,6 +1,6 @@
 """The real serving path, `sglang.Engine.generate`, as a small line-protocol process (bench and cross-checks).
 
-    SGLANG_USE_CPU_ENGINE=1 .venv-sglang/bin/python -m pipeline.engines.sglang_serving --model DIR --requests FILE
+    SGLANG_USE_CPU_ENGINE=1 .venv-sglang/bin/python bench/sglang_serving.py --model DIR --requests FILE
 
 `--requests` is a safetensors file with `input_ids` (all prompts concatenated) and `offsets` ([n+1]). The process
 starts one Engine (radix cache off, sleeping when idle, max_new_tokens=1; `--hidden-states` enables
@@ -15,7 +15,7 @@ re-imports this main module before it imports SGLang, and must see the layer too
 """
 from __future__ import annotations
 
-from pipeline.engines import sglang_cpu
+from pipeline.engines.sglang import cpu as sglang_cpu
 
 sglang_cpu.activate_if_cpu_engine()  # module level: the spawned scheduler runs this line too
 

@@ -5,15 +5,16 @@ follows): publish the server args as the process's runtime context, load a `Mode
 scheduler drives), then run extend (prefill) batches built exactly as the scheduler builds them. What differs from
 serving is only what happens to the result: `LogitsProcessorOutput.hidden_states` (the packed eagle3 aux states,
 [tokens, H*k]) and `.last_hidden_states` (the post-norm states the LM head reads) stay tensors here, instead of being
-turned into Python lists for a response (see the speed notes in `pipeline.engines.sglang`).
+turned into Python lists for a response (why: `pipeline.engines.sglang.adapter`; bench/README.md#sglang_throughput).
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 from array import array
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -62,20 +63,27 @@ def server_args(settings: RunnerSettings):
         **backend, **capture)
 
 
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class ModelRunnerSession:
     """A loaded SGLang `ModelRunner` (one TP rank) and the extend forward that captures.
 
     With TP > 1, rank 0 (this object in the engine's worker) starts ranks 1.. in processes of their own
-    (`pipeline.engines.sglang_tp`) and sends them every batch first: all ranks run each forward together, as
+    (`pipeline.engines.sglang.tp`) and sends them every batch first: all ranks run each forward together, as
     `sglang.benchmark.one_batch` runs them; only rank 0's results are used.
     """
 
-    def __init__(self, settings: RunnerSettings, tp_rank: int = 0) -> None:
+    def __init__(self, settings: RunnerSettings, tp_rank: int = 0,
+                 start_followers: Callable[[RunnerSettings], Any] | None = None) -> None:
+        """`start_followers(settings)` starts ranks 1.. (rank 0 with TP > 1: `pipeline.engines.sglang.tp.Followers`)."""
         if settings.tp_size > 1 and settings.nccl_port is None:
-            from pipeline.engines.sglang_tp import free_port
-
             settings = dataclasses.replace(settings, nccl_port=free_port())
         self.settings, self.tp_rank = settings, tp_rank
+        self._start_followers = start_followers
         self.args = server_args(settings)
         self.runner = None
         self.followers = None
@@ -87,10 +95,8 @@ class ModelRunnerSession:
         from sglang.srt.server_args import PortArgs
 
         rank = self.tp_rank
-        if rank == 0 and self.settings.tp_size > 1:
-            from pipeline.engines.sglang_tp import Followers
-
-            self.followers = Followers(self.settings)  # they must join torch.distributed while rank 0 loads
+        if self._start_followers is not None:
+            self.followers = self._start_followers(self.settings)  # they join torch.distributed while rank 0 loads
         self.args.resolve_once()
         _set_envs_and_config(self.args)
         port_args = PortArgs.init_new(self.args)
@@ -120,7 +126,10 @@ class ModelRunnerSession:
         """Built as `sglang.benchmark.one_batch.extend` builds it, with full-sequence hidden-state capture."""
         from sglang.benchmark import one_batch
         from sglang.srt.managers.schedule_batch import ScheduleBatch
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
+        from sglang.srt.model_executor.forward_batch_info import (
+            CaptureHiddenMode,
+            ForwardBatch,
+        )
         from sglang.srt.runtime_context import get_schedule
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -168,9 +177,8 @@ class ModelRunnerSession:
     def facts(self) -> dict[str, Any]:
         """What the loaded runner really is (provenance), read from its objects, not from the settings."""
         import sglang
-        from sglang.srt.runtime_context import get_parallel
-
         from sglang.srt.arg_groups.overrides import resolved_view
+        from sglang.srt.runtime_context import get_parallel
 
         mr, parallel = self.runner, get_parallel()
         model = mr.model
@@ -194,7 +202,10 @@ class ModelRunnerSession:
             self.followers = None
         if self.runner is None:
             return
-        from sglang.srt.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+        from sglang.srt.distributed.parallel_state import (
+            destroy_distributed_environment,
+            destroy_model_parallel,
+        )
 
         self.runner = None
         destroy_model_parallel()

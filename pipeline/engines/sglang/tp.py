@@ -11,11 +11,15 @@ compatibility layer must be active before SGLang's first import, which `follower
 from __future__ import annotations
 
 import multiprocessing
-import socket
 import traceback
 from typing import Any
 
-from pipeline.engines.sglang_runner import ModelRunnerSession, RunnerSettings, set_platform_env
+from pipeline.engines.sglang import cpu as sglang_cpu
+from pipeline.engines.sglang.runner import (
+    ModelRunnerSession,
+    RunnerSettings,
+    set_platform_env,
+)
 
 START_TIMEOUT_S = 1800.0  # loading a shard of a large checkpoint
 
@@ -24,17 +28,9 @@ class RankFailed(RuntimeError):
     """A follower rank raised or died; the message carries its traceback."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def follower_main(settings: RunnerSettings, rank: int, conn: Any) -> None:
     set_platform_env(settings.device)
     if settings.device == "cpu":
-        from pipeline.engines import sglang_cpu
-
         sglang_cpu.activate()
     session = ModelRunnerSession(settings, tp_rank=rank)
     try:

@@ -1,4 +1,4 @@
-"""Drive `pipeline.engines.sglang_serving` (a real `sglang.Engine`) from the pipeline's environment.
+"""Drive `bench/sglang_serving.py` (a real `sglang.Engine`) from the pipeline's environment.
 
 Used by bench/sglang_throughput.py (plain prefill throughput) and by the SGLang tests (the serving path's post-norm
 states against the in-process runner's). No SGLang import here.
@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.engines.base import REPO_ROOT, engine_python
-from pipeline.engines.sglang import SGLangEngine
+from pipeline.engines.registry import REPO_ROOT, engine_python
+from pipeline.engines.sglang.adapter import SGLangEngine
 
 
 class ServingEngine:
@@ -36,7 +36,7 @@ class ServingEngine:
         env = dict(os.environ)
         if cpu if cpu is not None else not torch.cuda.is_available():
             env["SGLANG_USE_CPU_ENGINE"] = "1"
-        cmd = [python, "-m", "pipeline.engines.sglang_serving", "--model", model_path, "--requests", str(requests),
+        cmd = [python, str(REPO_ROOT / "bench" / "sglang_serving.py"), "--model", model_path, "--requests", str(requests),
                "--dtype", dtype, "--max-total-tokens", str(max_total_tokens), "--aux-ids", ",".join(map(str, aux_ids))]
         self._proc = subprocess.Popen(cmd + (["--hidden-states"] if hidden_states else []), cwd=REPO_ROOT, env=env,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -46,7 +46,7 @@ class ServingEngine:
         line = self._proc.stdout.readline()
         if not line:
             code = self._proc.wait(timeout=60)
-            raise RuntimeError(f"pipeline.engines.sglang_serving exited with code {code}; its log is above on stderr")
+            raise RuntimeError(f"bench/sglang_serving.py exited with code {code}; its log is above on stderr")
         return json.loads(line)
 
     def _ask(self, line: str) -> dict[str, Any]:

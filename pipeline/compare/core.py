@@ -1,0 +1,59 @@
+"""The comparison itself: finished probe runs analysed against the reference, with the model's own checkpoint.
+
+Shared by `python -m pipeline.diff` (pipeline.compare.stage) and the extract gate (pipeline.run.gate).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from contextlib import contextmanager
+from typing import Any, Sequence
+
+import torch
+
+from pipeline.compare.analyze import Analysis, DiffResult
+from pipeline.compare.checkpoint import Checkpoint
+from pipeline.compare.probe import ProbeRun
+from pipeline.config import DiffConfig
+from pipeline.core.contracts import PreparedSample
+from pipeline.models.info import ModelInfo
+
+_SMALL_ANALYSIS = 1 << 25  # values of the reference capture (tokens x points x hidden) below which one thread is faster
+
+
+@contextmanager
+def _threads_for(num_values: int):
+    """Small probes are analysed on one thread: on a busy CPU, OpenMP's spinning threads make many small tensor
+    ops far slower than one thread does (bench/README.md#gate_cost)."""
+    before = torch.get_num_threads()
+    if num_values < _SMALL_ANALYSIS:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def compare(runs: Sequence[ProbeRun], *, reference: str, model: ModelInfo, samples: Sequence[PreparedSample],
+            cfg: DiffConfig) -> DiffResult:
+    """Analyse finished runs against the reference (checkpoint anchors and logits from the model's own files)."""
+    t0 = time.perf_counter()
+    ckpt = Checkpoint(model.path)
+    size = sum(s.num_tokens for s in samples) * (model.num_layers + 2) * model.hidden_size
+    with _threads_for(size):
+        result = Analysis(runs, reference, ckpt=ckpt, cfg=cfg, num_layers=model.num_layers, samples=samples).run()
+    result.model = {"path": str(model.path), "model_type": model.model_type, "architecture": model.architecture,
+                    "num_layers": model.num_layers, "hidden_size": model.hidden_size,
+                    "moe_layers": sorted(ckpt.moe_layers),
+                    "quantization": (model.quantization or {}).get("quant_method")}
+    result.probe = {"num_samples": len(samples), "num_tokens": sum(s.num_tokens for s in samples),
+                    "samples": [{"sample_id": s.sample_id, "source": s.source, "row": s.row,
+                                 "num_tokens": s.num_tokens, "truncated": s.truncated} for s in samples]}
+    result.seconds["analysis"] = time.perf_counter() - t0
+    return result
+
+
+def report_config(cfg: DiffConfig, **extra: Any) -> dict[str, Any]:
+    return {**dataclasses.asdict(cfg), **extra}
+
+

@@ -1,0 +1,70 @@
+"""Which engines a comparison runs: config entries resolved against their presets and the model, as ProbeRuns.
+
+Every engine is made through `make_engine`, so an adapter that lands later (or one a test registers) is compared by
+naming it; an adapter in its own virtualenv runs in a worker through the same call.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from pipeline.compare.probe import ProbeRun
+from pipeline.config import ConfigError
+from pipeline.config.entries import EngineEntry, SpecError, parse_entries, parse_entry, to_spec, unique
+from pipeline.engines.registry import check_name
+from pipeline.models.info import ModelInfo, read_model_info
+from pipeline.points import Point
+
+
+def _model_path(entry: EngineEntry, model: ModelInfo, where: str) -> str:
+    if entry.model_path is None:
+        return str(model.path)
+    try:
+        other = read_model_info(entry.model_path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{where} ({entry.display}): model_path={entry.model_path!r}: {e}") from e
+    if (other.num_layers, other.hidden_size) != (model.num_layers, model.hidden_size):
+        raise ConfigError(f"{where} ({entry.display}): model_path={entry.model_path!r} has {other.num_layers} layers "
+                          f"and hidden size {other.hidden_size}; the model has {model.num_layers} and "
+                          f"{model.hidden_size}: it is not the same model")
+    return str(Path(entry.model_path))
+
+
+def probe_run(entry: EngineEntry, *, role: str, model: ModelInfo, points: Sequence[Point], where: str) -> ProbeRun:
+    """The entry as one engine to probe; config errors name `where`."""
+    try:
+        check_name(entry.name)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from e
+    try:
+        spec = to_spec(entry)
+    except ValueError as e:
+        raise ConfigError(f"{where} ({entry.display}): {e}") from e
+    return ProbeRun(label=entry.display, role=role, spec=spec, model_path=_model_path(entry, model, where),
+                    points=list(points))
+
+
+def reference_entry(value: Any) -> EngineEntry:
+    try:
+        return parse_entry(value, "diff.reference")
+    except SpecError as e:
+        raise ConfigError(str(e)) from e
+
+
+def other_entries(values: Any, where: str, reference: EngineEntry) -> list[EngineEntry]:
+    """The entries other than the reference (an entry identical to the reference is the reference)."""
+    try:
+        entries = unique([reference, *parse_entries(values, where)])
+    except SpecError as e:
+        raise ConfigError(str(e)) from e
+    return entries[1:]
+
+
+def comparison(reference: Any, others: Any, where: str, *, model: ModelInfo, all_points: Sequence[Point],
+               points: Sequence[Point]) -> list[ProbeRun]:
+    """The reference (capturing `all_points`) first, then every other entry (capturing `points`)."""
+    ref = reference_entry(reference)
+    runs = [probe_run(ref, role="reference", model=model, points=all_points, where="diff.reference")]
+    for i, entry in enumerate(other_entries(others, where, ref)):
+        runs.append(probe_run(entry, role="engine", model=model, points=points, where=f"{where}[{i}]"))
+    return runs

@@ -1,0 +1,124 @@
+"""The plain contracts every layer shares: what a sample is, what an engine is asked for and what it returns.
+
+Nothing here computes; these are the shapes that cross from data preparation to engines to shards to the diff. They
+import no other part of the pipeline.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class Dtype(StrEnum):
+    """An engine's compute dtype; `auto` is the checkpoint's own."""
+
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreparedSample:
+    """One tokenized conversation, ready for capture.
+
+    input_ids_T: token ids (int64, shape [T]) exactly as the chat template produced them (after the length policy).
+    loss_mask_T: 1 on tokens the drafter is trained to predict (assistant turns), else 0 (uint8, shape [T]).
+    """
+
+    sample_id: str  # stable: digest of source identity and row
+    source: str  # the data file name the record came from
+    row: int  # 0-based record index within the source
+    input_ids_T: np.ndarray
+    loss_mask_T: np.ndarray
+    truncated: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids_T.shape[0])
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask_T.sum())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reject:
+    """A record (or a captured sample) that was not written, and why."""
+
+    source: str
+    row: int
+    reason: str  # a short machine-readable code, e.g. "empty", "malformed_json", "too_long"
+    detail: str  # a human-readable explanation with the measured values
+    sample_id: str | None = None
+
+
+@dataclass(kw_only=True)
+class EngineSpec:
+    """One engine as configured: the `engine:` config group, an entry of `diff.engines`, what an executor replicates
+    and what a worker process rebuilds. What it runs on (checkpoint, points) is given when the engine is made."""
+
+    name: str = "???"  # a registered engine (pipeline.engines.registry); "???" = required (OmegaConf's MISSING)
+    dtype: str = Dtype.auto  # one of Dtype
+    batch_size: int = 8  # samples per engine call
+    tp_size: int = 1  # tensor-parallel ranks (GPUs) of one replica
+    options: dict[str, Any] = field(default_factory=dict)  # engine-specific, validated by the adapter
+
+    def __post_init__(self) -> None:
+        if self.dtype not in tuple(Dtype):
+            raise ValueError(f"engine.dtype={self.dtype!r}: must be one of {tuple(str(d) for d in Dtype)}")
+        self.dtype = Dtype(self.dtype)
+        for key in ("batch_size", "tp_size"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"engine.{key}={value!r}: must be >= 1")
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able, for reports and the worker protocol."""
+        return {"name": self.name, "dtype": str(self.dtype), "batch_size": self.batch_size, "tp_size": self.tp_size,
+                "options": dict(self.options)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capture:
+    """Hidden states of one sample at the requested points, padding stripped.
+
+    hidden_states_TPH: [T tokens, P points in request order, H hidden], in the engine's compute dtype.
+    input_ids_T: the token ids the engine really consumed (int64), checked against the prepared ids before writing.
+    """
+
+    sample_id: str
+    input_ids_T: np.ndarray
+    hidden_states_TPH: torch.Tensor
+
+
+@dataclass(kw_only=True)
+class PointSource:
+    """How one canonical point was obtained from an engine (goes into provenance)."""
+
+    point: str  # canonical label, e.g. "b3" or "final_norm"
+    native_id: int | str | None  # the id in the framework's own numbering, None when not captured natively
+    method: str  # e.g. "hf output_hidden_states[3]", "forward hook on model.norm input"
+
+
+@dataclass(kw_only=True)
+class EngineInfo:
+    """What the engine really ran, read from the running engine, not from the config that asked for it."""
+
+    framework: str
+    framework_version: str
+    dtype: str
+    quantization: dict[str, Any]  # method, kernel, whether weights were dequantized at load, ...
+    attention_backend: str
+    parallel: dict[str, int]  # tp, pp, dp, ...
+    libraries: dict[str, str]  # versions of torch, transformers, ...
+    points: list[PointSource] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "EngineInfo":
+        return cls(**{**raw, "points": [PointSource(**p) for p in raw.get("points", [])]})

@@ -1,0 +1,68 @@
+"""Small file helpers every writer uses: atomic replace, the mode finished files get, sha256 of files and JSON."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+_CHUNK = 8 << 20
+
+
+def sha256_file(path: Path, limit: int | None = None) -> str:
+    """sha256 of a file's bytes (its first `limit` bytes when given)."""
+    digest = hashlib.sha256()
+    remaining = limit
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK if remaining is None else min(_CHUNK, remaining)):
+            digest.update(block)
+            if remaining is not None:
+                remaining -= len(block)
+                if remaining <= 0:
+                    break
+    return digest.hexdigest()
+
+
+def sha256_json(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it sets it: done once, at import, before any writer thread exists
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates files 0600; a finished file gets the mode open() would have given it, so a trainer running as
+# another user of the cluster can read the run.
+FILE_MODE = 0o666 & ~_umask()
+
+
+@contextmanager
+def atomic_path(final: Path) -> Iterator[Path]:
+    """Yield a temp path beside `final`; on success fsync and rename it over `final`, on failure remove it.
+
+    The temp file lives in the same directory so os.replace is an atomic rename, and a reader never sees a
+    half-written file under the final name.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp_path, FILE_MODE)
+        os.replace(tmp_path, final)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def write_text_atomic(final: Path, text: str) -> None:
+    with atomic_path(final) as tmp:
+        tmp.write_text(text, encoding="utf-8")

@@ -1,0 +1,72 @@
+"""Engines by name: the registry, and `make_engine`, which runs an adapter here or in its own virtualenv's worker.
+
+name -> "module:Class"; adapters are imported only when used, so a missing optional dependency fails at engine start
+with its install command, not at import of the pipeline. `register` adds one (a plugin, or a test's engine) and refuses
+to rebind a name.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from pipeline.core.contracts import EngineSpec
+from pipeline.engines.base import Engine
+from pipeline.engines.process.remote import RemoteEngine
+from pipeline.points import Point
+
+_REGISTRY: dict[str, str] = {
+    "hf": "pipeline.engines.hf:HFEngine",
+    "vllm": "pipeline.engines.vllm.adapter:VLLMEngine",
+    "sglang": "pipeline.engines.sglang.adapter:SGLangEngine",
+}
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def register(name: str, target: str) -> None:
+    if _REGISTRY.get(name) not in (None, target):
+        raise ValueError(f"engine {name!r} is already registered as {_REGISTRY[name]}")
+    _REGISTRY[name] = target
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def engine_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def check_name(name: str) -> None:
+    if name not in _REGISTRY:
+        raise ValueError(f"engine={name!r} is unknown; known engines: {', '.join(engine_names())}")
+
+
+def engine_class(name: str) -> type[Engine]:
+    check_name(name)
+    module_name, cls_name = _REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module_name), cls_name)
+
+
+def engine_python(cls: type[Engine], options: dict) -> str | None:
+    """The interpreter an engine must run in (`options.python` overrides), or None for this very process."""
+    if cls.environment is None and "python" not in options:
+        return None
+    exe = Path(options.get("python") or REPO_ROOT / str(cls.environment) / "bin" / "python")
+    if Path(sys.prefix).resolve() == exe.parent.parent.resolve():
+        return None
+    return str(exe)
+
+
+def make_engine(spec: EngineSpec, *, model_path: str, points: Sequence[Point], num_layers: int) -> Engine:
+    """An engine ready to start: in this process, or in a worker running in the engine's own environment."""
+    cls = engine_class(spec.name)
+    exe = engine_python(cls, spec.options)
+    if exe is None:
+        return cls(spec, model_path=model_path, points=points, num_layers=num_layers)
+    if not Path(exe).exists():
+        raise FileNotFoundError(f"engine={spec.name!r} runs in its own environment, but {exe} does not exist; "
+                                f"run scripts/setup.sh (or set engine.options.python)")
+    return RemoteEngine(spec, target=_REGISTRY[spec.name], python=exe, model_path=model_path, points=points,
+                        num_layers=num_layers)

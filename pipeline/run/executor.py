@@ -1,0 +1,79 @@
+"""The executor contract: run the capture stage's units on engine replicas and hand back one result per unit.
+
+What every executor does is here: which units are still to run (finished ones are checked and skipped), progress,
+failures, and results in unit order. A subclass decides only where the replicas live and how units reach them
+(`LocalExecutor`: one engine in this process or its worker; `RayExecutor`: one actor per replica). A started
+executor also looks like an engine to the diff gate: `capture` runs a batch on a replica without writing, `info` says
+what the replicas run.
+"""
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+from typing import Any, Callable, Sequence, TypeVar
+
+from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, PreparedSample
+from pipeline.engines.base import Engine
+from pipeline.engines.registry import make_engine
+from pipeline.points import Point
+from pipeline.run.capture import StageSettings, UnitResult, unfinished_units
+from pipeline.run.progress import RunProgress
+
+T = TypeVar("T")
+OnDone = Callable[[UnitResult], None]
+
+
+class UnitsFailed(RuntimeError):
+    """Some units could not be captured (after all retries); the run has no manifest."""
+
+
+class Executor(abc.ABC):
+    def __init__(self, spec: EngineSpec, *, model_path: str, points: Sequence[Point], num_layers: int) -> None:
+        self.spec = spec
+        self.model_path, self.points, self.num_layers = model_path, list(points), num_layers
+        self.make_engine()  # constructing loads nothing; an engine whose adapter or environment is absent fails here
+
+    def make_engine(self) -> Engine:
+        """One replica's engine, not started (also what a Ray actor calls, in its own process)."""
+        return make_engine(self.spec, model_path=self.model_path, points=self.points, num_layers=self.num_layers)
+
+    @abc.abstractmethod
+    def __enter__(self) -> "Executor":
+        """Start every replica; EngineStartError when the engine does not start."""
+
+    @abc.abstractmethod
+    def __exit__(self, *exc: object) -> None:
+        """Close every replica."""
+
+    def run_beside(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run `fn` where a replica runs (the gate's other engines need what a replica has); here: in place."""
+        return fn(*args, **kwargs)
+
+    @abc.abstractmethod
+    def info(self) -> EngineInfo:
+        """What the replicas run (the same everywhere)."""
+
+    @abc.abstractmethod
+    def capture(self, samples: Sequence[PreparedSample]) -> list[Capture]:
+        """Capture one batch on a replica without writing anything (the diff gate's probe)."""
+
+    @abc.abstractmethod
+    def _run_units(self, settings: StageSettings, run_dir: Path, units: Sequence[Sequence[PreparedSample]],
+                   todo: list[int], done: OnDone) -> dict[int, str]:
+        """Run the units `todo`, calling `done` with each result; return the error of each unit that failed."""
+
+    def run(self, settings: StageSettings, run_dir: Path,
+            units: Sequence[Sequence[PreparedSample]]) -> list[UnitResult]:
+        """Every unit's result in unit order; units finished by an earlier invocation are checked and skipped."""
+        results: dict[int, UnitResult] = {}
+        with RunProgress(units) as progress:
+            def done(result: UnitResult) -> None:
+                results[result.index] = result
+                progress.unit_done(result)
+
+            todo = unfinished_units(run_dir, len(units), done)
+            failures = self._run_units(settings, run_dir, units, todo, done)
+        if failures:
+            raise UnitsFailed("; ".join(f"unit {i} ({units[i][0].sample_id}...): {err}"
+                                        for i, err in sorted(failures.items())))
+        return [results[i] for i in range(len(units))]

@@ -1,0 +1,34 @@
+"""The layers declared in pyproject.toml ([tool.importlinter]) hold: no upward import, no cycle, engines apart.
+
+The second test proves the check can fail: a copy of the package with one planted upward import is refused.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def lint(cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LINT), "--no-cache"], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin"})
+
+
+def test_the_import_contracts_hold():
+    done = lint(REPO)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 kept, 0 broken" in done.stdout
+
+
+def test_an_upward_import_breaks_the_layers(tmp_path):
+    shutil.copytree(REPO / "pipeline", tmp_path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    points = tmp_path / "pipeline" / "points.py"
+    points.write_text(points.read_text() + "\n\ndef _upward():\n    from pipeline.run import job  # noqa: F401\n")
+    done = lint(tmp_path)
+    assert done.returncode == 1
+    assert "BROKEN" in done.stdout and "pipeline.points -> pipeline.run.job" in done.stdout
