@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from pipeline.core.contracts import EngineSpec, PreparedSample
@@ -11,15 +10,13 @@ from pipeline.engines.registry import make_engine
 from pipeline.models.info import read_model_info
 from pipeline.points import parse_points
 from pipeline.run.capture import CaptureStage, StageSettings, finished_unit, run_units
+from tests.helpers.samples import samples_of
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration]
 
 
 def unit(first: int, lengths: list[int], vocab: int, seed: int) -> list[PreparedSample]:
-    rng = np.random.default_rng(seed)
-    return [PreparedSample(sample_id=f"s{first + i}", source="synthetic", row=first + i,
-                           input_ids_T=rng.integers(10, vocab, size=n).astype(np.int64),
-                           loss_mask_T=np.ones(n, dtype=np.uint8)) for i, n in enumerate(lengths)]
+    return samples_of(lengths, vocab=vocab, seed=seed, first=first)
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,12 @@ flips on Kimi, plain noise on Llama), injected convention errors and an injected
 from __future__ import annotations
 
 import pytest
-from diff_support import SMALL_PROBE, composed, second_python
-from faulty_engines import registered
 
 from pipeline.compare.stage import run_diff
+from tests.helpers.diff import SMALL_PROBE, composed, second_python
+from tests.helpers.faulty_engines import registered
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration]
 NO_SELF_CHECKS = ["diff.probe.repeats=1", "diff.probe.alone=0"]  # where determinism and batching are not the point
 
 

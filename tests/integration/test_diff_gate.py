@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from diff_support import composed
-from faulty_engines import registered
 from safetensors import safe_open
 
 from pipeline.run.gate import DiffGateError, describe
 from pipeline.run.job import run_extract
+from tests.helpers.diff import composed
+from tests.helpers.faulty_engines import registered
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration]
 SMALL = ["data.limit=6", "data.max_length=96", "runner.max_samples_per_shard=3", "diff.gate_probe.num_samples=3"]
 
 

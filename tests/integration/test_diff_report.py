@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
-import sys
 
 import pytest
-from diff_support import REPO, SMALL_PROBE, composed
 
 from pipeline.compare.html import to_html
 from pipeline.compare.serialize import from_dict, load
 from pipeline.compare.stage import run_diff
+from tests.helpers.cli import cli
+from tests.helpers.diff import SMALL_PROBE, composed
+from tests.helpers.markers import CHROMIUM, needs_chromium
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -24,9 +24,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory, models_root):
     out = tmp_path_factory.mktemp("diff-cli") / "report"
-    proc = subprocess.run([sys.executable, "-m", "pipeline.diff", f"out_dir={out}", *SMALL_PROBE,
-                           f"hydra.run.dir={out.parent / 'logs'}"], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+    proc = cli("pipeline.diff", f"out_dir={out}", *SMALL_PROBE, f"hydra.run.dir={out.parent / 'logs'}")
     return out, proc
 
 
@@ -55,13 +53,11 @@ def test_report_files_parse(cli_run):
     assert "<script" not in html and "http://" not in html and "https://" not in html  # self-contained
 
 
+@needs_chromium
 def test_the_html_renders_in_headless_chromium(cli_run, tmp_path):
     out, _ = cli_run
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("chromium is not installed (scripts/setup.sh installs Debian's chromium when run as root)")
     shot = tmp_path / "report.png"
-    proc = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+    proc = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
                            f"--screenshot={shot}", (out / "report.html").resolve().as_uri()],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -83,8 +79,7 @@ def test_the_html_is_drawn_again_from_report_json(cli_run, tmp_path):
     assert timing.sub("", images.sub("", again)) == timing.sub("", images.sub("", shown))
     # as a command, into a copy of the report directory
     (tmp_path / "report.json").write_bytes((out / "report.json").read_bytes())
-    proc = subprocess.run([sys.executable, "-m", "pipeline.compare.html", str(tmp_path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    proc = cli("pipeline.compare.html", str(tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == str((tmp_path / "report.html").resolve())
     assert images.findall((tmp_path / "report.html").read_text()) == images.findall(shown)
@@ -94,8 +89,7 @@ def test_drawing_html_from_a_directory_without_a_report_says_so(tmp_path):
     (tmp_path / "report.json").write_text('{"format": "something/else"}')
     for where, said in ((tmp_path / "none", "report.json: no such file"),
                         (tmp_path, "not a readable pipeline.diff/1 report (ValueError: format 'something/else'")):
-        proc = subprocess.run([sys.executable, "-m", "pipeline.compare.html", str(where)], cwd=REPO,
-                              capture_output=True, text=True, timeout=300)
+        proc = cli("pipeline.compare.html", str(where), timeout=300)
         assert proc.returncode == 2 and said in proc.stderr, proc.stderr
     assert not (tmp_path / "report.html").exists()
 

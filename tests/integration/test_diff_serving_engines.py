@@ -5,31 +5,20 @@ Each test skips when the engine's own virtualenv is absent (scripts/setup.sh cre
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from diff_support import composed
 
-from pipeline.run.gate import DiffGateError
 from pipeline.compare.stage import run_diff
-from pipeline.engines.registry import engine_class, engine_python
+from pipeline.run.gate import DiffGateError
 from pipeline.run.job import run_extract
+from tests.helpers.diff import composed
+from tests.helpers.markers import needs_sglang, needs_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def needs(*engines: str) -> None:
-    for name in engines:
-        try:
-            python = engine_python(engine_class(name), {})
-        except NotImplementedError as e:
-            pytest.skip(str(e))
-        if python is not None and not Path(python).exists():
-            pytest.skip(f"engine {name}: {python} is absent (scripts/setup.sh creates it)")
-
-
+@needs_vllm
 def test_the_gate_stops_vllm_on_the_default_rope_model(tmp_path, models_root):
-    needs("vllm")
     out = tmp_path / "run"
     with pytest.raises(DiffGateError) as stop:
         run_extract(composed(f"out_dir={out}", "model=tiny_kimi_bf16_defaultrope", "engine=vllm",
@@ -48,8 +37,9 @@ def test_the_gate_stops_vllm_on_the_default_rope_model(tmp_path, models_root):
     assert report["alignment"][0]["status"] == "ok"  # not a convention error: the numbering is right
 
 
+@needs_vllm
+@needs_sglang
 def test_vllm_and_sglang_agree_with_hf_in_float32(tmp_path, models_root):
-    needs("vllm", "sglang")
     result = run_diff(composed(f"out_dir={tmp_path}", "model=tiny_kimi_bf16",
                                "diff.engines=[vllm@float32,sglang@float32]", "diff.points=[embed,1,4,7,final_norm]", "diff.probe.num_samples=3",
                                "diff.probe.max_tokens=64", "diff.probe.repeats=1", "diff.probe.alone=0",

@@ -3,23 +3,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 
 from pipeline.shards.reader import RunReader
+from tests.helpers.cli import cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[2]
 SMALL = ["data.limit=24", "runner.max_tokens_per_shard=1500", "runner.max_samples_per_shard=8"]
-
-
-def cli(module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +47,6 @@ def test_manifest_and_shards_carry_provenance(finished_run):
     assert [s["point"] for s in prov["capture"]["sources"]] == manifest["points"]
     assert prov["model"]["weights"]["mode"] == "full" and prov["model"]["chat_template_sha256"]
     assert "git_commit" in prov["code"] and prov["config"]["engine"]["name"] == "hf"
-    shard = out / manifest["shards"][0]["name"]
     with safe_open(str(out / "shards" / (manifest["shards"][0]["name"] + ".safetensors")), "pt") as f:
         meta = f.metadata()
     assert meta["provenance_digest"] == manifest["provenance_digest"]

@@ -5,25 +5,14 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.core.contracts import EngineSpec, PreparedSample
+from pipeline.core.contracts import EngineSpec
 from pipeline.engines.registry import engine_class
 from pipeline.models.info import read_model_info
 from pipeline.points import parse_points
+from tests.helpers.samples import rel_l2, samples_of
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration]
 REFERENCE_OF = {"tiny-kimi-int4": "tiny-kimi-bf16"}
-
-
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm())
-
-
-def samples_of(lengths, vocab=4000, seed=0):
-    rng = np.random.default_rng(seed)
-    return [PreparedSample(sample_id=f"s{i}", source="synthetic", row=i,
-                           input_ids_T=rng.integers(10, vocab, size=n).astype(np.int64),
-                           loss_mask_T=np.ones(n, dtype=np.uint8)) for i, n in enumerate(lengths)]
 
 
 def reference_states(model, ids: np.ndarray) -> dict[str, torch.Tensor]:

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from pipeline.shards.reader import RunReader
+from tests.helpers import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 SMALL = ["data.limit=12", "runner.max_tokens_per_shard=500", "runner.max_samples_per_shard=4"]
 

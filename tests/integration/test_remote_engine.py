@@ -8,20 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.core.contracts import EngineSpec, PreparedSample
+from pipeline.core.contracts import EngineSpec
 from pipeline.engines.process.remote import EngineWorkerError, RemoteEngine
 from pipeline.engines.registry import engine_class, make_engine
 from pipeline.points import parse_points
+from tests.helpers.samples import samples_of
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration]
 HF = "pipeline.engines.hf:HFEngine"
-
-
-def samples(lengths, seed=0):
-    rng = np.random.default_rng(seed)
-    return [PreparedSample(sample_id=f"s{i}", source="synthetic", row=i,
-                           input_ids_T=rng.integers(10, 3000, size=n).astype(np.int64),
-                           loss_mask_T=np.ones(n, dtype=np.uint8)) for i, n in enumerate(lengths)]
 
 
 def spec(**options):
@@ -35,7 +29,7 @@ def kwargs(path):
 
 def test_remote_equals_in_process_bit_for_bit(tiny_model):
     path = tiny_model("tiny-kimi-int4")
-    batch = samples([9, 30, 2])
+    batch = samples_of([9, 30, 2], vocab=3000)
     with engine_class("hf")(spec(), **kwargs(path)) as local:
         expected, local_info = local.capture(batch), local.info()
     with RemoteEngine(spec(), target=HF, python=sys.executable, **kwargs(path)) as remote:
@@ -73,4 +67,4 @@ def test_a_dead_worker_is_reported_not_hung(tiny_model):
     with RemoteEngine(spec(), target=HF, python=sys.executable, **kwargs(tiny_model("tiny-kimi-int4"))) as engine:
         engine._proc.kill()
         with pytest.raises(EngineWorkerError, match="exited with code -9 during 'capture'"):
-            engine.capture(samples([5]))
+            engine.capture(samples_of([5], vocab=3000))

@@ -6,40 +6,26 @@ capture; two more pass SpecForge-style native id lists verbatim to show the numb
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from pipeline.core.contracts import EngineSpec, PreparedSample
+from pipeline.core.contracts import EngineSpec
 from pipeline.engines.process.remote import EngineWorkerError
 from pipeline.engines.registry import REPO_ROOT, engine_class, make_engine
 from pipeline.engines.sglang.cpu import sgl_kernel_standin
 from pipeline.engines.sglang.plan import AUX, TABLE, make_plan
 from pipeline.models.info import read_model_info
 from pipeline.points import Point, PointError, parse_points
+from tests.helpers.cli import cli
+from tests.helpers.markers import SGLANG_PYTHON, needs_sglang, skip_without
+from tests.helpers.samples import rel_l2, samples_of
 
-pytestmark = pytest.mark.integration
-SGLANG_PYTHON = REPO_ROOT / ".venv-sglang" / "bin" / "python"
-needs_sglang = pytest.mark.skipif(not SGLANG_PYTHON.exists(),
-                                  reason=f"{SGLANG_PYTHON} is absent: run scripts/setup.sh (scripts/engines/sglang.sh)")
+pytestmark = [pytest.mark.integration]
 TOLERANCE = 1e-5  # relative L2, float32
-
-
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm())
-
-
-def samples_of(lengths, seed=0):
-    rng = np.random.default_rng(seed)
-    return [PreparedSample(sample_id=f"s{seed}-{i}", source="synthetic", row=i,
-                           input_ids_T=rng.integers(10, 4000, size=n).astype(np.int64),
-                           loss_mask_T=np.ones(n, dtype=np.uint8)) for i, n in enumerate(lengths)]
 
 
 def engine_kwargs(path: Path, points, **options):
@@ -149,8 +135,7 @@ def test_plan_refuses_the_last_layer_output(family):
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-kimi-bf16"])
 def started(request, tiny_model):
-    if not SGLANG_PYTHON.exists():
-        pytest.skip(f"{SGLANG_PYTHON} is absent: run scripts/setup.sh (scripts/engines/sglang.sh)")
+    skip_without("sglang")
     path = tiny_model(request.param)
     info = read_model_info(path)
     single, batch = samples_of([37]), samples_of([5, 41, 17, 1, 29], seed=1)
@@ -286,20 +271,18 @@ def test_tensor_parallelism_on_cpu_is_refused(tiny_model):
 
 # --- end to end -----------------------------------------------------------------------------------------------------
 
-
-def cli(module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
+UNBUFFERED = {"PYTHONUNBUFFERED": "1"}
 
 @needs_sglang
+@pytest.mark.slow
 def test_extract_with_sglang_end_to_end(tmp_path, tiny_model):
     out = tmp_path / "run"
     proc = cli("pipeline.extract", "engine=sglang", "model=tiny_kimi_bf16", "engine.dtype=float32", "data.limit=8",
-               "capture.points=[embed,1,4,7,final_norm]", f"out_dir={out}", f"hydra.run.dir={tmp_path / 'logs'}")
+               "capture.points=[embed,1,4,7,final_norm]", f"out_dir={out}", f"hydra.run.dir={tmp_path / 'logs'}",
+               env=UNBUFFERED)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "capture points: b0, b1, b4, b7, final_norm" in proc.stdout
-    verify = cli("pipeline.verify", str(out))
+    verify = cli("pipeline.verify", str(out), env=UNBUFFERED)
     assert verify.returncode == 0, verify.stderr + verify.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     engine = manifest["provenance"]["engine"]

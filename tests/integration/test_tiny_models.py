@@ -22,7 +22,7 @@ from pipeline.models.tiny import (
     main,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration]
 
 KIMI = ["tiny-kimi-int4", "tiny-kimi-bf16", "tiny-kimi-bf16-defaultrope"]
 NUM_MOE_LAYERS, NUM_EXPERTS = 7, 8  # 8 layers, the first dense

@@ -5,9 +5,6 @@ Each engine starts once per test class (~15-25 s each on 2 cores). Figures are p
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,27 +17,14 @@ from pipeline.engines.registry import make_engine
 from pipeline.models.info import read_model_info
 from pipeline.points import parse_points
 from pipeline.shards.reader import RunReader
+from tests.helpers.cli import cli
+from tests.helpers.markers import needs_vllm
+from tests.helpers.samples import rel_l2, samples_of
 
-REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=f"{VLLM_PYTHON} is absent: the vLLM environment is "
-                                 f"created by scripts/setup.sh (scripts/engines/vllm.sh)")]
+pytestmark = [pytest.mark.integration, needs_vllm]
 TOL = 1e-5  # relative L2, float32
 CHUNK = 256  # tokens per vLLM step for the Llama engine: the 700-token prompt is prefilled in 3 chunks
 MIXED = [37, 5, 700, 17, 1, 64, 130, 9]
-
-
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm()) if b.norm() > 0 else float((a - b).norm())
-
-
-def samples_of(lengths, vocab=4000, seed=0):
-    rng = np.random.default_rng(seed)
-    return [PreparedSample(sample_id=f"s{seed}-{i}", source="synthetic", row=i,
-                           input_ids_T=rng.integers(10, vocab, size=n).astype(np.int64),
-                           loss_mask_T=np.ones(n, dtype=np.uint8)) for i, n in enumerate(lengths)]
 
 
 def all_points(path):
@@ -283,10 +267,7 @@ def test_int4_checkpoint_without_an_int4_moe_kernel_fails_clearly(tiny_model):
     assert info.quantization["method"] == "compressed-tensors" and "WNA16" in info.quantization["kernel"]
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=600)
-
-
+@pytest.mark.slow
 def test_extract_end_to_end_through_vllm(tmp_path, tiny_model):
     out = tmp_path / "run"
     proc = cli("pipeline.extract", "engine=vllm", "model=tiny_kimi_bf16", "engine.dtype=float32", "data.limit=8",

@@ -2,22 +2,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from test_shards import POINTS, H, make_items, make_run
 
 from pipeline.core.io import sha256_file
 from pipeline.core.stfile import read_header
 from pipeline.shards import layout
 from pipeline.shards.verify import verify_run
 from pipeline.shards.writer import write_shard
+from tests.helpers.cli import cli
+from tests.helpers.shards import POINTS, H, make_items, make_run
 
-REPO = Path(__file__).resolve().parents[2]
 ST0 = "shards/shard-00000.safetensors"
 PQ0 = "shards/shard-00000.parquet"
 
@@ -133,8 +130,7 @@ def test_manifest_points_must_match_the_shards(tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "pipeline.verify", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    return cli("pipeline.verify", *map(str, args), timeout=120)
 
 
 def test_cli_exit_codes(tmp_path):

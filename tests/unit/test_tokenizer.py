@@ -19,8 +19,7 @@ from pipeline.models.tokenizer import (
     build_tokenizer,
     bundled_conversations_path,
 )
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 
 @pytest.fixture(scope="module")

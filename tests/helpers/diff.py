@@ -9,8 +9,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from pipeline.config import register_configs
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
+__all__ = ["SMALL_PROBE", "composed", "second_python"]
 SMALL_PROBE = ["diff.probe.num_samples=3", "diff.probe.max_tokens=64"]
 
 

@@ -5,6 +5,9 @@
 - `hf-positions` (options.position_shift = k): a rope/position bug like vLLM's CPU rotary kernel on MLA: every
   position after the first is rotated as if it were `k x batch size` further on, so position 0 is exact and the
   error depends on what else is in the batch.
+
+They register as `tests.helpers.faulty_engines:<Class>` (`__name__`): the registry imports that module name, so they
+run in this process, or in a worker started from the repository root (where `tests.helpers` is importable too).
 """
 from __future__ import annotations
 
