@@ -1,6 +1,7 @@
 """`python -m pipeline.extract [overrides]`: capture hidden states into verified, provenance-carrying shards."""
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 
@@ -10,10 +11,19 @@ from omegaconf import DictConfig
 from pipeline.config import ConfigError, register_configs
 from pipeline.engines.base import EngineStartError
 from pipeline.run.gate import DiffGateError, describe
-from pipeline.run.job import run_extract
+from pipeline.run.job import NoValidRecords, run_extract
+from pipeline.run.lock import LockLost, OutDirBusy
 
 register_configs()
 log = logging.getLogger("pipeline.extract")
+
+
+def os_error_line(e: OSError) -> str:
+    what = errno.errorcode.get(e.errno, "") if e.errno is not None else ""
+    where = f"{e.filename}: " if e.filename else ""
+    return (f"run stopped, no manifest written: {where}{e.strerror or e} ({what or type(e).__name__}); finished shards "
+            f"are kept: fix the cause and rerun the same command to resume (hydra.verbose=pipeline shows the "
+            f"traceback)")
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -31,6 +41,19 @@ def main(cfg: DictConfig) -> None:
     except DiffGateError as e:  # before any shard: the report says why
         log.error("stopped by the diff gate: %s", e)
         sys.exit(3)
+    except OutDirBusy as e:  # nothing was touched
+        log.error("%s", e)
+        sys.exit(2)
+    except NoValidRecords as e:
+        log.error("%s", e)
+        sys.exit(2)
+    except LockLost as e:
+        log.error("run stopped, no manifest written: %s", e)
+        sys.exit(1)
+    except OSError as e:  # a full disk, a read-only mount, a failing device: one line, the traceback on request
+        log.debug("the error in full", exc_info=e)
+        log.error("%s", os_error_line(e))
+        sys.exit(1)
     except RuntimeError as e:  # e.g. units that failed after all retries: the run stays unfinished (no manifest)
         log.error("run failed, no manifest written (rerun the same command to resume): %s", e)
         sys.exit(1)

@@ -108,7 +108,7 @@ def build(*, model: ModelInfo, digests: dict[str, Any], engine: EngineInfo, poin
 # Where a run is written and how its units are scheduled are not what produced it: an interrupted run may resume with
 # other values (e.g. on a Ray cluster after a local start, or with more retries), and its shards stay one dataset
 # (the Ray runner writes the same bytes as the local one; tests/integration/test_ray.py).
-RUN_LOCAL_CONFIG_KEYS = ("out_dir", "overwrite", "runner.name", "runner.address", "runner.num_replicas",
+RUN_LOCAL_CONFIG_KEYS = ("out_dir", "overwrite", "wait_for_lock", "runner.name", "runner.address", "runner.num_replicas",
                          "runner.cpus_per_replica", "runner.gpus_per_replica", "runner.max_retries",
                          "runner.overlap_writes")
 

@@ -227,6 +227,7 @@ class ExtractConfig:
     diff: DiffConfig = field(default_factory=DiffConfig)  # the gate before capture; the engines of pipeline.diff
     out_dir: str = MISSING
     overwrite: bool = False  # replace a finished run directory (never done silently)
+    wait_for_lock: bool = False  # another extract holds out_dir: wait for it to finish instead of exiting
 
 
 def _package_data(relative: str) -> str:

@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from pipeline.core.faults import fault_point
+
 _CHUNK = 8 << 20
 
 
@@ -46,21 +48,30 @@ def atomic_path(final: Path) -> Iterator[Path]:
     """Yield a temp path beside `final`; on success fsync and rename it over `final`, on failure remove it.
 
     The temp file lives in the same directory so os.replace is an atomic rename, and a reader never sees a
-    half-written file under the final name.
+    half-written file under the final name. An OSError that names no file (a full disk during a write) is raised
+    again naming `final`.
     """
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path: Path | None = None
     try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+        os.close(fd)
+        tmp_path = Path(tmp)
         yield tmp_path
         with open(tmp_path, "rb+") as f:
             os.fsync(f.fileno())
+        fault_point("write", final.name)
         os.chmod(tmp_path, FILE_MODE)
         os.replace(tmp_path, final)
+        fault_point("rename", final.name)
+    except OSError as e:
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror, str(final)) from e
+        raise
     finally:
-        tmp_path.unlink(missing_ok=True)
+        if tmp_path is not None:
+            tmp_path.unlink(missing_ok=True)
 
 
 def write_text_atomic(final: Path, text: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -16,11 +17,11 @@ from pipeline.core.io import sha256_file
 from pipeline.data.prepare import read_rejects, write_rejects
 from pipeline.engines.base import Engine
 from pipeline.points import Point
-from pipeline.shards.layout import shard_name
+from pipeline.run.lock import check_lease
+from pipeline.shards.layout import REJECTS_DIR, shard_name
 from pipeline.shards.validate import capture_reject
 from pipeline.shards.writer import ShardEntry, completed_shard, write_shard
 
-CAPTURE_REJECTS_DIR = "rejects"
 
 
 @dataclass(kw_only=True)
@@ -41,7 +42,7 @@ def _batches(samples: Sequence[PreparedSample], batch_size: int) -> list[list[Pr
 
 
 def _rejects_path(run_dir: Path, index: int) -> Path:
-    return run_dir / CAPTURE_REJECTS_DIR / f"{shard_name(index)}.parquet"
+    return run_dir / REJECTS_DIR / f"{shard_name(index)}.parquet"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +55,7 @@ class StageSettings:
     storage_dtype: str | None
     metadata: Mapping[str, str]  # the compact provenance stored in every shard
     overlap_writes: bool = False  # write unit k while unit k+1 is captured (runner.overlap_writes)
+    lease_token: str | None = None  # the run directory's lock (pipeline.run.lock): checked before a shard is finished
 
 
 def _checksums_match(run_dir: Path, entry: ShardEntry) -> bool:
@@ -109,13 +111,15 @@ class CaptureStage:
                 rejects.append(reject)
             else:
                 items.append((sample, capture))
+        check_lease(run_dir, cfg.lease_token)
         # Capture rejects are written before the shard's completion marker, so a resumed run still reports them.
         if rejects:
             write_rejects(_rejects_path(run_dir, index), rejects)
         entry = None
         if items:
             entry = write_shard(run_dir, index, items, points=[p.label for p in cfg.points],
-                                storage_dtype=cfg.storage_dtype, metadata=cfg.metadata)
+                                storage_dtype=cfg.storage_dtype, metadata=cfg.metadata,
+                                before_marker=partial(check_lease, run_dir, cfg.lease_token))
         return UnitResult(index=index, entry=entry, rejects=rejects)
 
     def run_unit(self, run_dir: Path, index: int, samples: Sequence[PreparedSample]) -> UnitResult:

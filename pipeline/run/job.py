@@ -19,18 +19,18 @@ from pipeline.run.gate import DiffGate, GateOutcome
 from pipeline.run.gate import off as gate_off
 from pipeline.run.local import LocalExecutor
 from pipeline.run.ray import RayExecutor
-from pipeline.run.resolve import (
-    ResolvedRun,
-    check_out_dir,
-    prepare_out_dir,
-    resolve_run,
-)
-from pipeline.shards.layout import FORMAT_VERSION
+from pipeline.run import outdir
+from pipeline.run.lock import OutDirLock
+from pipeline.run.resolve import ResolvedRun, resolve_run
+from pipeline.shards.layout import FORMAT_VERSION, PREPARE_REJECTS, REJECTS_DIR
 from pipeline.shards.manifest import write_manifest
 from pipeline.shards.plan import plan_units
 
 log = logging.getLogger(__name__)
-PREPARE_REJECTS = "rejects.parquet"
+
+
+class NoValidRecords(RuntimeError):
+    """The data holds no record that can be captured; nothing to run (the rejects say why)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,8 +52,11 @@ def _prepare(run: ResolvedRun) -> tuple[PreparedData, str | None]:
 
     tokenizer = AutoTokenizer.from_pretrained(str(run.model.path))
     data = run.cfg.data
-    prepared = prepare(run.data_path, tokenizer, max_length=data.max_length, length_policy=data.length_policy,
-                       limit=data.limit)
+    try:
+        prepared = prepare(run.data_path, tokenizer, max_length=data.max_length, length_policy=data.length_policy,
+                           limit=data.limit)
+    except (ValueError, UnicodeDecodeError) as e:  # a file that is not what its format says (e.g. malformed JSON)
+        raise ConfigError(f"data.path={str(run.data_path)!r}: {e}") from e
     log.info("prepared %d samples (%d tokens) from %s; %d rejected", len(prepared.samples),
              sum(s.num_tokens for s in prepared.samples), run.data_path, len(prepared.rejects))
     return prepared, getattr(tokenizer, "chat_template", None)
@@ -93,10 +96,23 @@ def _manifest(run: ResolvedRun, prov: dict[str, Any], results: list[UnitResult],
         "num_loss_tokens": sum(e.num_loss_tokens for e in entries),
         "shards": [e.to_dict() for e in entries],
         "rejects": {"total": len(rejects), "by_reason": dict(Counter(r.reason for r in rejects)),
-                    "files": [PREPARE_REJECTS, "rejects/"]},
+                    "files": [PREPARE_REJECTS, f"{REJECTS_DIR}/"]},
         "provenance": prov,
         "provenance_digest": provenance.digest(prov),
     }
+
+
+def _no_valid_records(run: ResolvedRun, prepared: PreparedData, plan: outdir.Plan) -> NoValidRecords:
+    """The error for data without one capturable record; its rejects are written for inspection where that loses
+    nothing (a new run directory)."""
+    where = "nothing was written"
+    if plan == "new":
+        write_rejects(run.out_dir / PREPARE_REJECTS, prepared.rejects)
+        where = f"their reasons are in {run.out_dir / PREPARE_REJECTS}"
+    reasons = Counter(r.reason for r in prepared.rejects)
+    return NoValidRecords(f"no valid records in {run.data_path}: {len(prepared.rejects)} rejected "
+                          f"({', '.join(f'{k}: {v}' for k, v in reasons.most_common()) or 'the file holds no record'}"
+                          f"); {where}")
 
 
 def run_extract(dcfg: DictConfig) -> RunSummary:
@@ -109,28 +125,33 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
     prepared, chat_template = _prepare(run)
     digests = provenance.model_digests(run.model, chat_template)
     record = _run_record(run, config, prepared, digests)
-    check_out_dir(run, record)  # a mismatched resume is refused before any engine starts
-    if gate is not None:
-        gate.probe_references(prepared.samples, executor)  # the reference engines: started, probed, closed
-    with executor:  # the primary starts once: the gate probes it, then it captures the run
-        outcome = gate.check(executor) if gate is not None else gate_off()  # may stop the run: no shard yet
-        resuming = prepare_out_dir(run, record)
-        write_rejects(run.out_dir / PREPARE_REJECTS, prepared.rejects)
-        units = plan_units(prepared.samples, max_tokens_per_shard=cfg.runner.max_tokens_per_shard,
-                           max_samples_per_shard=cfg.runner.max_samples_per_shard)
-        log.info("%s %s: %d units of at most %d tokens", "resuming" if resuming else "starting", run.out_dir,
-                 len(units), cfg.runner.max_tokens_per_shard)
-        prov = provenance.build(model=run.model, digests=digests, engine=executor.info(), points=run.points,
-                                config=config, diff=outcome.summary)
-        settings = StageSettings(points=run.points, hidden_size=run.model.hidden_size,
-                                 batch_size=cfg.engine.batch_size, storage_dtype=cfg.runner.storage_dtype,
-                                 overlap_writes=cfg.runner.overlap_writes,
-                                 metadata=provenance.compact(prov))
-        capture_started = time.perf_counter()
-        results = executor.run(settings, run.out_dir, units)
-        capture_seconds = time.perf_counter() - capture_started
-    manifest = _manifest(run, prov, results, prepared)
-    write_manifest(run.out_dir, manifest)
+    # One writer per run directory, from the decision about what it holds to the manifest (pipeline.run.lock).
+    with OutDirLock(run.out_dir, wait=cfg.wait_for_lock) as lock:
+        plan = outdir.inspect(run.out_dir, record, overwrite=cfg.overwrite)  # refused before any engine starts
+        if not prepared.samples:
+            raise _no_valid_records(run, prepared, plan)
+        if gate is not None:
+            gate.probe_references(prepared.samples, executor)  # the reference engines: started, probed, closed
+        with executor:  # the primary starts once: the gate probes it, then it captures the run
+            outcome = gate.check(executor) if gate is not None else gate_off()  # may stop the run: no shard yet
+            outdir.prepare(run.out_dir, record, plan)
+            write_rejects(run.out_dir / PREPARE_REJECTS, prepared.rejects)
+            units = plan_units(prepared.samples, max_tokens_per_shard=cfg.runner.max_tokens_per_shard,
+                               max_samples_per_shard=cfg.runner.max_samples_per_shard)
+            log.info("%s %s: %d units of at most %d tokens", plan, run.out_dir, len(units),
+                     cfg.runner.max_tokens_per_shard)
+            prov = provenance.build(model=run.model, digests=digests, engine=executor.info(), points=run.points,
+                                    config=config, diff=outcome.summary)
+            settings = StageSettings(points=run.points, hidden_size=run.model.hidden_size,
+                                     batch_size=cfg.engine.batch_size, storage_dtype=cfg.runner.storage_dtype,
+                                     overlap_writes=cfg.runner.overlap_writes, lease_token=lock.token,
+                                     metadata=provenance.compact(prov))
+            capture_started = time.perf_counter()
+            results = executor.run(settings, run.out_dir, units)
+            capture_seconds = time.perf_counter() - capture_started
+        manifest = _manifest(run, prov, results, prepared)
+        lock.check()  # the directory is still this run's: only then may the manifest make it finished
+        write_manifest(run.out_dir, manifest)
     if gate is not None:
         gate.finish()  # the gate report's HTML, rendered off the capture's critical path
     return RunSummary(out_dir=run.out_dir, num_samples=manifest["num_samples"], num_tokens=manifest["num_tokens"],

@@ -4,9 +4,6 @@ Each failure names the config field and the value. The result is everything late
 """
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +13,7 @@ from pipeline.config.checks import check_data_path, resolve_model
 from pipeline.engines.registry import check_name
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point, PointError, resolve
-from pipeline.shards.layout import DIFF_DIR
 from pipeline.shards.manifest import is_finished
-
-RUN_FILE = "run.json"  # written when a run starts; a rerun resumes only a run of the same config
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,40 +60,3 @@ def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
     except PointError as e:
         raise ConfigError(f"capture.points={list(cfg.capture.points)!r} ({cfg.capture.convention} ids): {e}") from e
     return ResolvedRun(cfg=cfg, model=model, points=points, data_path=Path(cfg.data.path), out_dir=out_dir)
-
-
-def check_out_dir(run: ResolvedRun, run_record: dict) -> bool:
-    """Read-only: True when `prepare_out_dir` would resume an unfinished run of the same config; ConfigError where it
-    would refuse. Lets a job refuse a mismatched resume before any engine starts."""
-    out = run.out_dir
-    if out.exists() and is_finished(out):  # replaced by prepare_out_dir (overwrite=true was checked in resolve_run)
-        return False
-    marker = out / RUN_FILE
-    if marker.exists():
-        previous = json.loads(marker.read_text())
-        if previous != run_record:
-            changed = sorted(k for k in set(previous) | set(run_record) if previous.get(k) != run_record.get(k))
-            raise ConfigError(f"out_dir={str(out)!r} holds an unfinished run with a different {', '.join(changed)}; "
-                              f"resume it with the same settings, or choose another out_dir")
-        return True
-    if out.exists() and any(p.name != DIFF_DIR for p in out.iterdir()):
-        raise ConfigError(f"out_dir={str(out)!r} is not empty and holds no run; choose an empty or new directory")
-    return False
-
-
-def prepare_out_dir(run: ResolvedRun, run_record: dict) -> bool:
-    """Create or reuse the run directory. Returns True when resuming an unfinished run of the same config."""
-    out = run.out_dir
-    resuming = check_out_dir(run, run_record)
-    if out.exists() and is_finished(out):  # overwrite=true was checked in resolve_run; this run's gate report stays
-        for child in out.iterdir():
-            if child.name != DIFF_DIR:
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
-    if resuming:
-        return True
-    marker = out / RUN_FILE
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps(run_record, indent=2, sort_keys=True))
-    os.replace(tmp, marker)
-    return False

@@ -11,6 +11,22 @@ FORMAT_VERSION = "1"
 SHARDS_DIR = "shards"
 MANIFEST_NAME = "manifest.json"
 DIFF_DIR = "diff"  # the diff gate's report, written before the run starts (pipeline.run.gate)
+RUN_FILE = "run.json"  # written when a run starts; a rerun resumes only a run of the same config
+LOCK_NAME = ".lock"  # the out_dir lock and its holder (pipeline.run.lock)
+PREPARE_REJECTS = "rejects.parquet"  # records rejected by data preparation
+REJECTS_DIR = "rejects"  # samples rejected at capture, one file per unit
+# Every name a run writes at its root; their temp files are `.<name>.<random>.tmp` beside them.
+RUN_ROOT_NAMES = (MANIFEST_NAME, RUN_FILE, LOCK_NAME, PREPARE_REJECTS, REJECTS_DIR, SHARDS_DIR, DIFF_DIR)
+
+
+def is_temp_of(name: str, final: str) -> bool:
+    """True for the temp file of an atomic write of `final` (pipeline.core.io.atomic_path)."""
+    return name.startswith(f".{final}.") and name.endswith(".tmp")
+
+
+def run_owned(name: str) -> bool:
+    """A name at a run directory's root that a run writes (or the temp file of one)."""
+    return name in RUN_ROOT_NAMES or any(is_temp_of(name, n) for n in RUN_ROOT_NAMES)
 
 # Tensor names inside a shard's .safetensors file, in the order they are laid out: 8-byte types first so every tensor
 # starts on its natural alignment for zero-copy readers.

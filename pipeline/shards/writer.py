@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.core.contracts import Capture, PreparedSample
+from pipeline.core.faults import fault_point
 from pipeline.core.io import atomic_path, sha256_file, write_text_atomic
 from pipeline.core.stfile import StreamingWriter, TensorSpec
 from pipeline.shards import layout
@@ -160,10 +161,13 @@ def _shard_metadata(points: Sequence[str], metadata: Mapping[str, str]) -> dict[
 
 
 def write_shard(run_dir: Path, index: int, items: Sequence[Item], *, points: Sequence[str],
-                storage_dtype: str | None = None, metadata: Mapping[str, str] = {}) -> ShardEntry:
+                storage_dtype: str | None = None, metadata: Mapping[str, str] = {},
+                before_marker: Callable[[], None] | None = None) -> ShardEntry:
     """Write shard `index` of `run_dir` from validated (sample, capture) pairs and return its entry.
 
     storage_dtype: None stores the capture dtype; a dtype name (e.g. "float8_e4m3fn") casts sample by sample.
+    before_marker: called when the files are in place, before the marker makes the shard finished; raising there
+    leaves the shard unfinished (the run directory's lock uses it).
     """
     points = [str(p) for p in points]  # labels; also accepts pipeline.points.Point objects
     dtype, hidden_size = _check_items(items, points)
@@ -171,6 +175,7 @@ def write_shard(run_dir: Path, index: int, items: Sequence[Item], *, points: Seq
     st_meta = _shard_metadata(points, metadata)
     paths = layout.shard_paths(run_dir, index)
     paths["marker"].unlink(missing_ok=True)  # from here on the shard counts as unfinished
+    fault_point("unlink", paths["marker"].name)
     _remove_stale_temps(paths)
     with atomic_path(paths["safetensors"]) as tmp:
         st_sha, num_saturated = _write_safetensors(tmp, items, hidden_size=hidden_size, num_points=len(points),
@@ -185,6 +190,8 @@ def write_shard(run_dir: Path, index: int, items: Sequence[Item], *, points: Seq
                _relative(run_dir, paths["parquet"]): {"sha256": sha256_file(paths["parquet"]),
                                                       "bytes": paths["parquet"].stat().st_size}},
         dtype=storage[0], points=list(points), num_saturated=num_saturated)
+    if before_marker is not None:
+        before_marker()
     write_text_atomic(paths["marker"], json.dumps(entry.to_dict(), sort_keys=True, indent=2) + "\n")
     return entry
 
