@@ -7,7 +7,15 @@ import shutil
 
 import pytest
 
-from extract_runs import SMALL, error_lines, extract, output, shards_of, snapshot, verify
+from tests.helpers.runs import (
+    SMALL,
+    error_lines,
+    extract,
+    output,
+    shards_of,
+    snapshot,
+    verify,
+)
 
 pytestmark = pytest.mark.reliability
 

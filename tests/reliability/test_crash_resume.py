@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from extract_runs import SMALL, error_lines, extract, output, shards_of, verify
+from tests.helpers.runs import SMALL, error_lines, extract, output, shards_of, verify
 
 pytestmark = pytest.mark.reliability
 
@@ -32,7 +32,7 @@ def test_the_step_list_covers_every_write_of_a_run(clean, tmp_path):
     import subprocess
     import sys
 
-    from extract_runs import REPO, env_with, extract_cmd
+    from tests.helpers.runs import REPO, env_with, extract_cmd
 
     trace = tmp_path / "steps.txt"
     done = subprocess.run(extract_cmd(tmp_path / "run", *SMALL), cwd=REPO, capture_output=True, text=True,

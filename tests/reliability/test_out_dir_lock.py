@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from extract_runs import (
+from tests.helpers.runs import (
     SMALL,
     error_lines,
     extract,

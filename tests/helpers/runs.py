@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
+
 # Two shards of the tiny default, no gate: the fastest run that still has every kind of write step.
 SMALL = ("diff.gate=off", "data.limit=6", "runner.max_tokens_per_shard=800")
 
