@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent: SGLang 0.5.23 in its own environment, .venv-sglang/ (the recipe in ../shared/ENGINES.md, SGLang section).
-# The pipeline runs the SGLang adapter in a worker process there (pipeline.engines.sglang, via make_engine).
+# Idempotent: SGLang 0.5.23 in its own environment, .venv-sglang/ (the recipe in docs/engines.md#sglang-environment).
+# The pipeline runs the SGLang adapter in a worker process there (pipeline/engines/sglang/, via make_engine).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -34,7 +34,7 @@ if nvidia-smi -L >/dev/null 2>&1; then
     # machines this script was written on.
     "${PIP[@]}" -c "$constraints" sglang==0.5.23
 else
-    # CPU: no sgl-kernel build exists on PyPI (pipeline.engines.sglang_cpu stands in for it at import time).
+    # CPU: no sgl-kernel build exists on PyPI (pipeline/engines/sglang/cpu/ stands in for it at import time).
     "${PIP[@]}" --no-deps sglang==0.5.23
     # --no-warn-conflicts: pip would list every sglang requirement left out on purpose (CUDA kernels) as a conflict.
     "${PIP[@]}" --no-warn-conflicts -c "$constraints" "${RUNTIME_DEPS[@]}"

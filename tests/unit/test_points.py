@@ -1,4 +1,4 @@
-"""Canonical capture points and every framework's native numbering (ENGINES.md, the convention zoo)."""
+"""Canonical capture points and every framework's native numbering (docs/engines.md#the-convention-zoo)."""
 import pytest
 
 from pipeline.points import (
