@@ -60,7 +60,7 @@ def main(cfg: DictConfig) -> None:
     print(f"run directory: {summary.out_dir.resolve()}")
     print(f"wrote {summary.num_samples} samples, {summary.num_tokens} tokens in {summary.num_shards} shard(s) "
           f"({summary.resumed_shards} finished earlier); {summary.num_rejects} rejected "
-          f"(see rejects.parquet); {summary.seconds:.1f}s")
+          f"(see rejects.parquet); {summary.num_truncated} truncated to data.max_length; {summary.seconds:.1f}s")
     print(f"capture points: {', '.join(summary.points)}")
     for line in describe(summary.gate, summary.seconds):
         print(line)

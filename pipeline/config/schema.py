@@ -14,6 +14,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from pipeline.config.closed import unknown_keys_message
 from pipeline.config.entries import SpecError, parse_entries, parse_entry
 from pipeline.core.contracts import Dtype, EngineSpec
 from pipeline.models.tiny import default_root
@@ -247,7 +248,11 @@ def register_configs() -> None:
 
 
 def to_config(cfg: DictConfig) -> ExtractConfig:
-    """The composed Hydra config as validated objects; a missing required value names its key."""
+    """The composed Hydra config as validated objects; an unknown key (also one added with `+`) or a missing required
+    value names its key."""
+    unknown = unknown_keys_message(cfg)
+    if unknown:
+        raise ConfigError(unknown)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"required config value(s) missing: {', '.join(missing)} (pass them as overrides, "

@@ -1,4 +1,5 @@
-"""Reading prompt files (JSONL, JSON, Parquet) and turning each record into a conversation or a plain text.
+"""Reading prompt files (JSONL, JSON, Parquet; gzip, zstd or bz2 compressed or not) and turning each record into a
+conversation or a plain text.
 
 Nothing here tokenizes: a record either parses into a `Parsed` value or raises `RecordError` with a machine-readable
 reason, so that one bad record never stops the ones around it.
@@ -6,14 +7,17 @@ reason, so that one bad record never stops the ones around it.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from pipeline.data.compression import COMPRESSION_SUFFIXES, codec_of, format_suffix, open_data, read_all
 
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
 OPENAI_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
@@ -48,34 +52,41 @@ class Parsed:
 
 
 def check_readable(path: str | Path) -> None:
-    """Fail early, before any model loads, on a data file that cannot be read."""
+    """Fail early, before any model loads, on a data file that cannot be read (a compressed one: on its first MiB)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data file not found: {path}")
     if not path.is_file():
         raise ValueError(f"data path is not a regular file: {path}")
-    if path.suffix.lower() not in SUPPORTED_SUFFIXES:
-        raise ValueError(f"unsupported data file type {path.suffix!r} for {path}; expected one of {SUPPORTED_SUFFIXES}")
+    if format_suffix(path) not in SUPPORTED_SUFFIXES:
+        raise ValueError(f"unsupported data file type {path.name!r}; expected one of {', '.join(SUPPORTED_SUFFIXES)}, "
+                         f"optionally compressed ({', '.join(COMPRESSION_SUFFIXES)}: recognised by content)")
     try:
-        with path.open("rb") as f:
-            f.read(1)
+        with open_data(path) as f:
+            f.read(1 << 20)
     except OSError as e:
         raise ValueError(f"data file is not readable: {path}: {e}") from e
-    if path.suffix.lower() == ".parquet":
+    if format_suffix(path) == ".parquet":
         _check_parquet_footer(path)
+
+
+def _parquet_file(path: Path) -> pq.ParquetFile:
+    """Plain Parquet is read in place; a compressed copy (Parquet compresses its own columns) is decompressed first."""
+    return pq.ParquetFile(path if codec_of(path) is None else pa.BufferReader(read_all(path)))
 
 
 def _check_parquet_footer(path: Path) -> None:
     try:
-        pq.ParquetFile(path)  # reads only the footer
+        _parquet_file(path)  # reads only the footer of a plain file
     except (OSError, ValueError, pa.ArrowException) as e:
         raise ValueError(f"data file is not valid parquet: {path}: {e}") from e
 
 
 def file_digest(path: Path) -> str:
-    """sha256 of the file's bytes: the source identity that sample ids derive from."""
+    """sha256 of the file's content, decompressed: the source identity that sample ids derive from (a file and its
+    gzip or zstd copy are one source, with the same ids)."""
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with open_data(path) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -83,23 +94,23 @@ def file_digest(path: Path) -> str:
 
 def iter_records(path: Path) -> Iterator[RawRecord]:
     """Records in file order, row numbers counting records (blank lines are not records)."""
-    suffix = path.suffix.lower()
+    suffix = format_suffix(path)
     if suffix == ".parquet":
         yield from _iter_parquet(path)
     elif suffix == ".json":
         yield from _iter_json(path)
     else:
-        yield from _iter_jsonl(path)
+        with open_data(path) as f:
+            yield from _iter_jsonl(f)
 
 
-def _iter_jsonl(path: Path) -> Iterator[RawRecord]:
+def _iter_jsonl(f: BinaryIO) -> Iterator[RawRecord]:
     row = 0
-    with path.open("rb") as f:
-        for line_number, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            yield _decode_line(raw, line_number, row)
-            row += 1
+    for line_number, raw in enumerate(f, start=1):
+        if not raw.strip():
+            continue
+        yield _decode_line(raw, line_number, row)
+        row += 1
 
 
 def _decode_line(raw: bytes, line_number: int, row: int) -> RawRecord:
@@ -113,14 +124,14 @@ def _decode_line(raw: bytes, line_number: int, row: int) -> RawRecord:
 
 def _iter_json(path: Path) -> Iterator[RawRecord]:
     """A .json file is an array of records, a single record, or (as many exports are) JSON Lines."""
-    raw = path.read_bytes()
+    raw = read_all(path)
     try:
         value = json.loads(raw.decode("utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         if raw.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
             # An array has no per-record boundaries to recover from, so a malformed one fails the whole file.
             raise ValueError(f"{path}: not a valid JSON array: {e}") from e
-        yield from _iter_jsonl(path)
+        yield from _iter_jsonl(io.BytesIO(raw))
         return
     for row, record in enumerate(value if isinstance(value, list) else [value]):
         yield RawRecord(row, value=record)
@@ -128,7 +139,7 @@ def _iter_json(path: Path) -> Iterator[RawRecord]:
 
 def _iter_parquet(path: Path) -> Iterator[RawRecord]:
     row = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS):
+    for batch in _parquet_file(path).iter_batches(batch_size=PARQUET_BATCH_ROWS):
         for value in batch.to_pylist():
             yield RawRecord(row, value=value)
             row += 1

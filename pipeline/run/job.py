@@ -45,6 +45,7 @@ class RunSummary:
     seconds: float
     capture_seconds: float  # units only: no engine start, no gate (what runners are compared on)
     gate: GateOutcome  # the diff gate's verdict, report directory and cost
+    num_truncated: int = 0  # samples cut to data.max_length (data.length_policy=truncate) among those written
 
 
 def _prepare(run: ResolvedRun) -> tuple[PreparedData, str | None]:
@@ -86,6 +87,7 @@ def _manifest(run: ResolvedRun, prov: dict[str, Any], results: list[UnitResult],
               prepared: PreparedData) -> dict[str, Any]:
     entries = [r.entry for r in results if r.entry is not None]
     rejects = list(prepared.rejects) + [rej for r in results for rej in r.rejects]
+    capture_rejected = {rej.sample_id for r in results for rej in r.rejects}
     return {
         "format_version": FORMAT_VERSION,
         "points": [p.label for p in run.points],
@@ -94,6 +96,7 @@ def _manifest(run: ResolvedRun, prov: dict[str, Any], results: list[UnitResult],
         "num_samples": sum(e.num_samples for e in entries),
         "num_tokens": sum(e.num_tokens for e in entries),
         "num_loss_tokens": sum(e.num_loss_tokens for e in entries),
+        "num_truncated": sum(s.truncated and s.sample_id not in capture_rejected for s in prepared.samples),
         "shards": [e.to_dict() for e in entries],
         "rejects": {"total": len(rejects), "by_reason": dict(Counter(r.reason for r in rejects)),
                     "files": [PREPARE_REJECTS, f"{REJECTS_DIR}/"]},
@@ -157,4 +160,5 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
     return RunSummary(out_dir=run.out_dir, num_samples=manifest["num_samples"], num_tokens=manifest["num_tokens"],
                       num_shards=len(manifest["shards"]), num_rejects=manifest["rejects"]["total"],
                       points=manifest["points"], resumed_shards=sum(r.skipped for r in results),
-                      seconds=time.perf_counter() - started, capture_seconds=capture_seconds, gate=outcome)
+                      seconds=time.perf_counter() - started, capture_seconds=capture_seconds, gate=outcome,
+                      num_truncated=manifest["num_truncated"])

@@ -1,9 +1,12 @@
 """Verify a finished run directory: every problem is reported as one specific line; an empty list means sound.
 
-Checks, in order: the manifest parses and has what the format needs; every listed file exists with the recorded
-size and sha256; no file in shards/ is unlisted; each shard's header, offsets, finiteness and Parquet rows agree with
-the manifest (verify_shard.py), its metadata included: engine, capture convention, model and code as the manifest's
-provenance records them; sample ids are unique across the run; totals equal the manifest's counts.
+Checks, in order: the manifest parses and has what the format needs; every listed file is a path inside the run
+directory (no '..', not absolute, not through a symlink) that exists with the recorded size and sha256; each shard's
+header, offsets, finiteness and Parquet rows agree with the manifest (verify_shard.py), its metadata included: engine,
+capture convention, model and code as the manifest's provenance records them; sample ids are unique across the run;
+totals equal the manifest's counts; the manifest's other claims (provenance digest, start record, reject and
+truncation counts) hold (verify_claims.py); and the run directory holds nothing a run does not write: no unlisted
+shard file, user file, symlink or stale temp file (verify_tree.py).
 """
 from __future__ import annotations
 
@@ -14,7 +17,9 @@ from pipeline.core.io import sha256_file
 from pipeline.provenance import compact
 from pipeline.shards import layout
 from pipeline.shards.manifest import ManifestError, read_manifest
+from pipeline.shards.verify_claims import provenance_problems, reject_problems, truncation_problems
 from pipeline.shards.verify_shard import Expected, check_shard
+from pipeline.shards.verify_tree import SHARD_NAME, escape_problem, through_symlink, tree_problems
 from pipeline.shards.writer import ShardEntry
 
 
@@ -70,10 +75,31 @@ def _entries(manifest: dict[str, Any], expect: Expected) -> tuple[list[ShardEntr
     return entries, problems
 
 
-def _file_problems(run_dir: Path, entry: ShardEntry) -> list[str]:
+def _outside(run_dir: Path, entry: ShardEntry) -> tuple[set[str], list[str]]:
+    """The listed files of `entry` that are not plain paths inside the run (never read), and why: '..' and absolute
+    paths here; a path through a symlink is named once, by the tree check."""
+    outside, problems = set(), []
+    if not SHARD_NAME.fullmatch(entry.name):
+        problems.append(f"{entry.name}: shard name is not shard-NNNNN")
+    for rel in sorted(entry.files):
+        problem = escape_problem(rel)
+        if problem is not None:
+            problems.append(f"{entry.name}: {problem}")
+            outside.add(rel)
+        elif through_symlink(run_dir, rel):
+            outside.add(rel)
+        elif rel not in (home := {f"{layout.SHARDS_DIR}/{entry.name}{s}" for s in (".safetensors", ".parquet")}):
+            problems.append(f"{entry.name}: listed file {rel} is not one of the shard's own files {sorted(home)}")
+            outside.add(rel)
+    return outside, problems
+
+
+def _file_problems(run_dir: Path, entry: ShardEntry, outside: set[str]) -> list[str]:
     problems = []
     for rel, info in sorted(entry.files.items()):
         path = run_dir / rel
+        if rel in outside:
+            continue
         if not path.is_file():
             problems.append(f"{entry.name}: listed file {rel} is missing")
         elif path.stat().st_size != info.get("bytes"):
@@ -93,17 +119,6 @@ def _shard_files(run_dir: Path, entry: ShardEntry) -> tuple[Path, Path] | str:
     return (st, pq) if st.is_file() and pq.is_file() else ""  # missing files are already reported
 
 
-def _unlisted_problems(run_dir: Path, entries: list[ShardEntry]) -> list[str]:
-    shards_dir = run_dir / layout.SHARDS_DIR
-    if not shards_dir.is_dir():
-        return [] if not entries else [f"{shards_dir} does not exist"]
-    allowed = {(run_dir / rel).resolve() for e in entries for rel in e.files}
-    allowed |= {(shards_dir / f"{e.name}.done.json").resolve() for e in entries}
-    found = sorted(p for p in shards_dir.rglob("*") if not p.is_dir())
-    return [f"unlisted file {p.relative_to(run_dir).as_posix()} in shards/" for p in found
-            if p.resolve() not in allowed]
-
-
 def _total_problems(manifest: dict[str, Any], entries: list[ShardEntry]) -> list[str]:
     keys = ["num_samples", "num_tokens"] + (["num_loss_tokens"] if "num_loss_tokens" in manifest else [])
     totals = {key: sum(getattr(e, key) for e in entries) for key in keys}
@@ -116,8 +131,13 @@ def _duplicate_problems(owners: dict[str, list[str]]) -> list[str]:
             for sample_id, names in owners.items() if len(names) > 1]
 
 
+def _listed(entries: list[ShardEntry]) -> set[str]:
+    """The files shards/ may hold: the listed files and the completion marker of every listed shard."""
+    return {rel for e in entries for rel in e.files} | {f"{layout.SHARDS_DIR}/{e.name}.done.json" for e in entries}
+
+
 def verify_run(run_dir: Path) -> list[str]:
-    """Every problem found in `run_dir`, each as one line naming the shard, the field and both values."""
+    """Every problem found in `run_dir`, each as one line naming the shard or file, the field and both values."""
     run_dir = Path(run_dir)
     try:
         manifest = read_manifest(run_dir)
@@ -128,15 +148,21 @@ def verify_run(run_dir: Path) -> list[str]:
         return problems
     entries, problems = _entries(manifest, expect)
     owners: dict[str, list[str]] = {}
+    num_truncated, rows_read = 0, True  # the truncation count is checked only when every shard's rows were read
     for entry in entries:  # shard by shard, so memory stays at one shard's index tensors plus one chunk
-        problems += _file_problems(run_dir, entry)
-        files = _shard_files(run_dir, entry)
+        outside, entry_problems = _outside(run_dir, entry)
+        problems += entry_problems + _file_problems(run_dir, entry, outside)
+        files = "" if outside else _shard_files(run_dir, entry)
         if isinstance(files, str):
             problems += [files] if files else []
+            rows_read = False
             continue
-        shard_problems, ids = check_shard(*files, entry, expect)
+        shard_problems, ids, truncated = check_shard(*files, entry, expect)
         problems += shard_problems
+        num_truncated += truncated
+        rows_read = rows_read and bool(ids)
         for sample_id in ids:
             owners.setdefault(sample_id, []).append(entry.name)
-    return problems + _unlisted_problems(run_dir, entries) + _total_problems(manifest, entries) \
-        + _duplicate_problems(owners)
+    return problems + _total_problems(manifest, entries) + _duplicate_problems(owners) \
+        + (truncation_problems(manifest, num_truncated) if rows_read else []) + provenance_problems(run_dir, manifest) \
+        + reject_problems(run_dir, manifest, set(owners)) + tree_problems(run_dir, _listed(entries))

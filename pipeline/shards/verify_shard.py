@@ -146,21 +146,23 @@ def _read_small(path: Path, info: TensorInfo, dtype: torch.dtype) -> np.ndarray:
     return read_range(path, info, dtype, _itemsize(dtype), 0, num).numpy()
 
 
-def check_shard(st_path: Path, pq_path: Path, entry: ShardEntry, expect: Expected) -> tuple[list[str], list[str]]:
-    """(problems, sample ids) of one shard; sample ids come from its Parquet file (empty if unreadable)."""
+def check_shard(st_path: Path, pq_path: Path, entry: ShardEntry,
+                expect: Expected) -> tuple[list[str], list[str], int]:
+    """(problems, sample ids, truncated samples) of one shard; ids and the truncated count come from its Parquet file
+    (none if unreadable)."""
     name = entry.name
     try:
         infos, meta = read_header(st_path)
         problems = _header_problems(name, infos, meta, entry, expect)
         if problems:
-            return problems, []
+            return problems, [], 0
         offsets = _read_small(st_path, infos[layout.SAMPLE_OFFSETS], torch.int64)
         problems = _offset_problems(name, offsets, entry.num_tokens)
         hidden_dtype = layout.HIDDEN_DTYPES[expect.dtype][0]
         count, row, point = _non_finite(st_path, infos[layout.HIDDEN_STATES], hidden_dtype)
         table = pq.read_table(pq_path).to_pydict()
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-        return [f"{name}: unreadable ({type(exc).__name__}: {exc})"], []
+        return [f"{name}: unreadable ({type(exc).__name__}: {exc})"], [], 0
     ids = table.get("sample_id", [])
     if count:
         owner = int(np.searchsorted(offsets, row, side="right")) - 1
@@ -171,4 +173,4 @@ def check_shard(st_path: Path, pq_path: Path, entry: ShardEntry, expect: Expecte
         input_ids = _read_small(st_path, infos[layout.INPUT_IDS], torch.int64)
         loss_mask = _read_small(st_path, infos[layout.LOSS_MASK], torch.uint8)
         problems += _parquet_problems(name, table, entry, offsets, input_ids, loss_mask)
-    return problems, list(ids)
+    return problems, list(ids), sum(bool(flag) for flag in table.get("truncated", []))

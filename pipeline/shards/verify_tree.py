@@ -1,0 +1,101 @@
+"""What lies in a run directory: every path the manifest lists stays inside it, and every file in it is one a run writes.
+
+A run writes, at its root: manifest.json, run.json (its start record), rejects.parquet (data preparation's rejects)
+and .lock (the out_dir lock); and the folders shards/ (shard-NNNNN.safetensors, .parquet and .done.json of the shards
+the manifest lists), rejects/ (shard-NNNNN.parquet: the capture rejects of a unit) and diff/ (the gate's report.json,
+report.md, report.html). Anything else is named: a user's file, a symlink (its target is not the run's to vouch for),
+a special file, and the temp file of an interrupted atomic write (`.<name>.<random>.tmp`, which a finished run has
+none of).
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path, PurePosixPath
+from typing import Iterable
+
+from pipeline.shards import layout
+
+# The names pipeline.run writes (it lives above this layer, so they are spelled here too).
+RUN_FILE = "run.json"
+LOCK_NAME = ".lock"
+PREPARE_REJECTS = "rejects.parquet"
+REJECTS_DIR = "rejects"
+ROOT_FILES = frozenset({layout.MANIFEST_NAME, RUN_FILE, PREPARE_REJECTS, LOCK_NAME})
+ROOT_DIRS = frozenset({layout.SHARDS_DIR, REJECTS_DIR, layout.DIFF_DIR})
+DIFF_FILES = frozenset({"report.json", "report.md", "report.html"})
+SHARD_NAME = re.compile(r"shard-\d{5,}")  # layout.shard_name
+CAPTURE_REJECTS_FILE = re.compile(r"shard-\d{5,}\.parquet")
+
+
+def escape_problem(rel: object) -> str | None:
+    """Why a path listed in the manifest does not name a file inside the run directory (lexically); None if it does."""
+    if not isinstance(rel, str) or not rel.strip():
+        return f"listed file {rel!r} is not a relative path"
+    if PurePosixPath(rel).is_absolute() or os.path.isabs(rel):
+        return f"listed file {rel} is an absolute path: files are listed relative to the run directory"
+    if ".." in PurePosixPath(rel).parts or ".." in Path(rel).parts:
+        return f"listed file {rel} leaves the run directory (a '..' component)"
+    return None
+
+
+def through_symlink(run_dir: Path, rel: str) -> bool:
+    """True when `rel` (already lexically inside the run) or one of its folders is a symlink (named by `tree_problems`)."""
+    parts = PurePosixPath(rel).parts
+    return any((run_dir.joinpath(*parts[:i])).is_symlink() for i in range(1, len(parts) + 1))
+
+
+def _entries(folder: Path) -> list[os.DirEntry]:
+    with os.scandir(folder) as it:
+        return sorted(it, key=lambda e: e.name)
+
+
+def _describe(entry: os.DirEntry, rel: str) -> str | None:
+    """A problem with the entry itself, whatever its name: a symlink, a temp file, a special file."""
+    if entry.is_symlink():
+        return f"symlink {rel} -> {os.readlink(entry.path)} in the run directory: a run's files are regular files in it"
+    if entry.name.endswith(".tmp"):
+        return f"stale temp file {rel}: left by an interrupted write (a finished run has none); remove it"
+    if not entry.is_dir(follow_symlinks=False) and not entry.is_file(follow_symlinks=False):
+        return f"{rel} is not a regular file"
+    return None
+
+
+def _unknown(entry: os.DirEntry, rel: str, where: str) -> str:
+    kind = "directory" if entry.is_dir(follow_symlinks=False) else "file"
+    return f"unknown {kind} {rel}{'/' if kind == 'directory' else ''} {where}: not a file a run writes"
+
+
+def tree_problems(run_dir: Path, listed: Iterable[str]) -> list[str]:
+    """Every entry of the run directory a run does not write; `listed` are the shard files the manifest lists (and
+    their markers), the only files shards/ may hold."""
+    listed = set(listed)
+    problems = []
+    for entry in _entries(run_dir):
+        rel = entry.name
+        problem = _describe(entry, rel)
+        if problem is not None:
+            problems.append(problem)
+        elif entry.is_dir() and entry.name in ROOT_DIRS:
+            problems += _folder_problems(run_dir, entry, listed)
+        elif not (entry.is_file() and entry.name in ROOT_FILES):
+            problems.append(_unknown(entry, rel, "in the run directory"))
+    return problems
+
+
+def _folder_problems(run_dir: Path, folder: os.DirEntry, listed: set[str]) -> list[str]:
+    problems = []
+    for entry in _entries(Path(folder.path)):
+        rel = f"{folder.name}/{entry.name}"
+        problem = _describe(entry, rel)
+        if problem is not None:
+            problems.append(problem)
+        elif folder.name == layout.SHARDS_DIR:
+            if entry.is_dir() or rel not in listed:
+                problems.append(f"unlisted {'directory' if entry.is_dir() else 'file'} {rel} in shards/")
+        elif folder.name == REJECTS_DIR:
+            if entry.is_dir() or not CAPTURE_REJECTS_FILE.fullmatch(entry.name):
+                problems.append(_unknown(entry, rel, "in rejects/ (capture rejects are shard-NNNNN.parquet)"))
+        elif entry.is_dir() or entry.name not in DIFF_FILES:
+            problems.append(_unknown(entry, rel, "in diff/ (the gate's report)"))
+    return problems

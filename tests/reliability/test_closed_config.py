@@ -1,0 +1,58 @@
+"""The schema is closed: a key it does not declare is a configuration error (exit status 2) naming the key and the
+closest valid one, also when `+` or `++` adds it; free-form nodes (engine.options, diff entries) stay open."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import ConfigError, ExtractConfig, to_config
+
+pytestmark = pytest.mark.reliability
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_misspelled_plus_key_stops_extract_before_anything_is_written(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "pipeline.extract", f"out_dir={out}", "+runner.max_samples_per_shrad=8",
+                           f"hydra.run.dir={tmp_path / 'logs'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output[-3000:]
+    errors = [line for line in output.splitlines() if "[ERROR]" in line]
+    assert len(errors) == 1 and "Traceback" not in output, output[-3000:]
+    assert errors[0].endswith("configuration error: unknown config key runner.max_samples_per_shrad (did you mean "
+                              "runner.max_samples_per_shard?)")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("++runner.max_samples_per_shrad=8", "runner.max_samples_per_shrad (did you mean runner.max_samples_per_shard?)"),
+    ("+data.max_lenght=64", "data.max_lenght (did you mean data.max_length?)"),
+    ("+diff.gate_probe.num_sample=2", "diff.gate_probe.num_sample (did you mean diff.gate_probe.num_samples?)"),
+    ("+diff.thresholds.bfloat16.rel_l3=0.1", "diff.thresholds.bfloat16.rel_l3 (did you mean "
+                                             "diff.thresholds.bfloat16.rel_l2?)"),
+    ("+engine.batchsize=4", "engine.batchsize (did you mean engine.batch_size?)"),
+    ("+overwrite_all=true", "overwrite_all (did you mean overwrite?)"),
+    ("+zzz=1", f"zzz (valid keys: {', '.join(f.name for f in dataclasses.fields(ExtractConfig))})"),
+])
+def test_every_unknown_key_is_named_with_the_closest_valid_one(compose_cfg, override, message):
+    with pytest.raises(ConfigError) as error:
+        to_config(compose_cfg(override, "out_dir=x"))
+    assert str(error.value) == f"unknown config key {message}"
+
+
+def test_two_unknown_keys_are_named_in_one_line(compose_cfg):
+    with pytest.raises(ConfigError, match=r"^unknown config keys data\.limt \(did you mean data\.limit\?\); "
+                                          r"runner\.overlap \(did you mean runner\.overlap_writes\?\)$"):
+        to_config(compose_cfg("+data.limt=3", "+runner.overlap=true", "out_dir=x"))
+
+
+def test_free_form_nodes_stay_open(compose_cfg):
+    cfg = to_config(compose_cfg("+engine.options.my_flag=1", "out_dir=x",
+                                "diff.engines=[{name:hf,dtype:float32,label:x,options:{anything:1}}]",
+                                "diff.reference={name:hf,dtype:float32}"))
+    assert cfg.engine.options["my_flag"] == 1
+    assert cfg.diff.engines[0]["options"] == {"anything": 1}
