@@ -54,7 +54,6 @@ def test_manifest_and_shards_carry_provenance(finished_run):
     assert [s["point"] for s in prov["capture"]["sources"]] == manifest["points"]
     assert prov["model"]["weights"]["mode"] == "full" and prov["model"]["chat_template_sha256"]
     assert "git_commit" in prov["code"] and prov["config"]["engine"]["name"] == "hf"
-    shard = out / manifest["shards"][0]["name"]
     with safe_open(str(out / "shards" / (manifest["shards"][0]["name"] + ".safetensors")), "pt") as f:
         meta = f.metadata()
     assert meta["provenance_digest"] == manifest["provenance_digest"]
