@@ -97,10 +97,11 @@ def main() -> None:
         assert verify_run(run) == []
         verify_s = time.perf_counter() - start
         times: dict[str, list[float]] = {"copy": [], **{f: [] for f in formats}}
-        for r in range(args.repeats):  # alternating rounds: the machine's load swings hit every path alike
-            times["copy"].append(raw_copy(run, Path(tmp) / f"copy{r}"))
-            for fmt in formats:
-                times[fmt].append(export(run, Path(tmp) / f"{fmt}{r}", fmt))
+        paths = list(times)
+        for r in range(args.repeats):  # alternating rounds, the order rotated: load swings and writeback hit all alike
+            for name in paths[r % len(paths):] + paths[:r % len(paths)]:
+                dest = Path(tmp) / f"{name}{r}"
+                times[name].append(raw_copy(run, dest) if name == "copy" else export(run, dest, name))
             for path in Path(tmp).iterdir():
                 if path.name != "run":
                     shutil.rmtree(path)
