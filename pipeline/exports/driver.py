@@ -111,6 +111,7 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
         raise ExportError(f"run {run_dir}: its manifest's provenance has no model.num_layers, so bN is unknown")
     plan = plan_slots(exporter.layout, run_points=manifest["points"], num_layers=num_layers, aux=aux, last=last)
     record = plan_record(run_dir, manifest, exporter.layout, plan)
+    sidecar = build(run_dir, manifest, exporter.layout, plan, record)  # before any file: it cannot fail at the end
     status = claim(out, record)
     progress = ExportProgress(name=exporter.layout.name, num_samples=manifest["num_samples"],
                               num_tokens=manifest["num_tokens"])
@@ -121,9 +122,10 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
     with RunReader(run_dir) as reader, progress:
         _write_samples(reader, exporter, plan, out, progress)
         index_files = exporter.finish(out, _tokens(reader))
-    files = {"samples": progress.written + progress.skipped, "sample_file_0": _rel(exporter.sample_file(out, 0), out),
-             "index_files": [_rel(p, out) for p in index_files]}
-    finish(out, build(run_dir, manifest, exporter.layout, plan, record, files))
+    sidecar["files"] = {"num_samples": progress.written + progress.skipped,
+                        "first_sample": _rel(exporter.sample_file(out, 0), out),
+                        "index_files": [_rel(p, out) for p in index_files]}
+    finish(out, sidecar)
     return ExportResult(out=out, status=status, plan=plan, written=progress.written, skipped=progress.skipped,
                         bytes_written=progress.bytes, seconds=progress.elapsed)
 

@@ -28,7 +28,8 @@ def plan_record(run_dir: Path, manifest: Mapping[str, Any], layout: TrainerLayou
 
 
 def build(run_dir: Path, manifest: Mapping[str, Any], layout: TrainerLayout, plan: SlotPlan,
-          record: Mapping[str, Any], files: Mapping[str, Any]) -> dict:
+          record: Mapping[str, Any]) -> dict:
+    """The sidecar's content; the driver adds `files` once they are written."""
     model = (manifest.get("provenance") or {}).get("model") or {}
     num_layers, model_type = model.get("num_layers"), model.get("model_type")
     slots = [{"slot": i, "role": "aux" if i < len(plan.aux) else "last", "point": p.label,
@@ -41,7 +42,7 @@ def build(run_dir: Path, manifest: Mapping[str, Any], layout: TrainerLayout, pla
         "slots": slots, "last_state": {"point": plan.last.label, "why": layout.why_last,
                                         "derived": False, "how": "captured by the run's engine, copied bit-exact"},
         "serving": serving_ids(plan, model_type=model_type, num_layers=num_layers),
-        "files": dict(files), "pickle": layout.name == "specforge",
+        "pickle": layout.name == "specforge",
     }
 
 

@@ -125,8 +125,12 @@ def _native_ids(points: Sequence[Point], framework: str, family: str, num_layers
 
 
 def serving_ids(plan: SlotPlan, *, model_type: str, num_layers: int) -> dict[str, Any]:
-    """What a draft config must say, in SGLang's and vLLM's numbering for this model, to be served these features."""
-    family = family_of(model_type)
+    """What a draft config must say, in SGLang's and vLLM's numbering for this model, to be served these features.
+    A model whose numbering is unknown gets the reason instead of ids (the export itself does not depend on them)."""
+    try:
+        family = family_of(str(model_type))
+    except PointError as exc:
+        return {framework: {"aux_layer_ids": None, "last": None, "error": str(exc)} for framework in ("sglang", "vllm")}
     out: dict[str, Any] = {}
     for framework in ("sglang", "vllm"):
         aux = _native_ids(plan.aux, framework, family, num_layers)

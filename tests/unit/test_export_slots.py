@@ -61,3 +61,9 @@ def test_serving_ids_per_engine():
     ids = serving_ids(kimi, model_type="deepseek_v3", num_layers=8)
     assert ids["sglang"]["aux_layer_ids"] is None and "+1" in ids["sglang"]["aux_error"]
     assert ids["sglang"]["last"] is None and ids["vllm"]["last"] == 8
+
+
+def test_serving_ids_of_a_model_without_a_known_numbering_say_why():
+    plan = plan_slots(SPECULATORS, run_points=KIMI, num_layers=8)
+    ids = serving_ids(plan, model_type="mamba", num_layers=8)
+    assert ids["vllm"]["aux_layer_ids"] is None and "mamba" in ids["vllm"]["error"]
