@@ -56,9 +56,10 @@ def llama_run(tmp_path_factory, models_root) -> Path:
 
 @pytest.fixture(scope="session")
 def kimi_run(tmp_path_factory, models_root) -> Path:
-    """Tiny Kimi INT4 (DeepSeek, 8 layers): embedding, aux b1,b4,b7, bN = b8 and final_norm; 8 samples in 3 shards."""
+    """Tiny Kimi INT4 (DeepSeek, 8 layers) in float32 (the Llama run is bfloat16: both dtypes kept): embedding, aux
+    b1,b4,b7, bN = b8 and final_norm; 8 samples in 3 shards."""
     return extract(tmp_path_factory.mktemp("kimi") / "run", "capture.points=[embed,1,4,7,last,final_norm]",
-                   "data.limit=8", "runner.max_samples_per_shard=3")
+                   "engine.dtype=float32", "data.limit=8", "runner.max_samples_per_shard=3")
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,11 @@ def _expected(run):
             reader.points
 
 
+def test_the_runs_cover_both_dtypes(runs):
+    dtypes = {name: json.loads((run / "manifest.json").read_text())["dtype"] for name, run in runs.items()}
+    assert dtypes == {"llama": "bfloat16", "kimi": "float32", "resumed": "bfloat16"}
+
+
 def _slot_indices(sidecar, points):
     aux = [points.index(s["point"]) for s in sidecar["slots"] if s["role"] == "aux"]
     (last,) = [points.index(s["point"]) for s in sidecar["slots"] if s["role"] == "last"]
