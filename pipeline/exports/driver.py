@@ -1,7 +1,7 @@
 """Export a finished, verified run in a trainer's layout: resumable, atomic per file, memory bounded by one shard.
 
-Order of work: read the manifest; verify the run (a run that does not verify is refused); choose the slots
-(slots.py; the last state is never guessed); claim OUT (sidecar.claim: fresh, resume or already complete); write
+Order of work: read the manifest; choose the slots (slots.py; the last state is never guessed); stop if OUT already
+holds this export complete; verify the run (a run that does not verify is refused); claim OUT (fresh or resume); write
 every sample's file not already there, each to a temp file renamed when complete (a killed export leaves only
 `.*.tmp` files, which no trainer lists and the next run removes); the layout's own index files; `export.json` last.
 """
@@ -18,7 +18,7 @@ import torch
 from pipeline.core.io import atomic_path
 from pipeline.exports.base import Exporter, ExportSample
 from pipeline.exports.progress import ExportProgress
-from pipeline.exports.sidecar import build, claim, finish, plan_record
+from pipeline.exports.sidecar import build, claim, finish, plan_record, status
 from pipeline.exports.slots import ExportError, SlotPlan, plan_slots
 from pipeline.shards.manifest import ManifestError, read_manifest
 from pipeline.shards.reader import RunReader
@@ -40,15 +40,17 @@ class ExportResult:
     seconds: float
 
 
-def _verified_manifest(run_dir: Path, verify: bool) -> dict:
+def _manifest(run_dir: Path) -> dict:
     try:
-        manifest = read_manifest(run_dir)
+        return read_manifest(run_dir)
     except ManifestError as exc:
         raise ExportError(f"not a finished run: {exc}") from None
-    if verify and (problems := verify_run(run_dir)):
+
+
+def _verify(run_dir: Path) -> None:
+    if problems := verify_run(run_dir):
         raise ExportError(f"run {run_dir} does not verify ({len(problems)} problem(s), first: {problems[0]}); "
                           f"see python -m pipeline.verify {run_dir}")
-    return manifest
 
 
 def _remove_stale_temps(out: Path) -> None:
@@ -105,19 +107,21 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
                last: str | None = None, verify: bool = True) -> ExportResult:
     """Export `run_dir` into `out` with `exporter`'s layout; ExportError says why a run or `out` does not fit."""
     run_dir, out = Path(run_dir), Path(out)
-    manifest = _verified_manifest(run_dir, verify)
+    manifest = _manifest(run_dir)
     num_layers = (manifest.get("provenance") or {}).get("model", {}).get("num_layers")
     if not isinstance(num_layers, int):
         raise ExportError(f"run {run_dir}: its manifest's provenance has no model.num_layers, so bN is unknown")
     plan = plan_slots(exporter.layout, run_points=manifest["points"], num_layers=num_layers, aux=aux, last=last)
     record = plan_record(run_dir, manifest, exporter.layout, plan)
     sidecar = build(run_dir, manifest, exporter.layout, plan, record)  # before any file: it cannot fail at the end
-    status = claim(out, record)
     progress = ExportProgress(name=exporter.layout.name, num_samples=manifest["num_samples"],
                               num_tokens=manifest["num_tokens"])
-    if status == "complete":
-        return ExportResult(out=out, status=status, plan=plan, written=0, skipped=manifest["num_samples"],
+    if status(out, record) == "complete":  # checked before the (full-read) verification: nothing to do
+        return ExportResult(out=out, status="complete", plan=plan, written=0, skipped=manifest["num_samples"],
                             bytes_written=0, seconds=progress.elapsed)
+    if verify:
+        _verify(run_dir)
+    found = claim(out, record)
     _remove_stale_temps(out)
     with RunReader(run_dir) as reader, progress:
         _write_samples(reader, exporter, plan, out, progress)
@@ -126,7 +130,7 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
                         "first_sample": _rel(exporter.sample_file(out, 0), out),
                         "index_files": [_rel(p, out) for p in index_files]}
     finish(out, sidecar)
-    return ExportResult(out=out, status=status, plan=plan, written=progress.written, skipped=progress.skipped,
+    return ExportResult(out=out, status=found, plan=plan, written=progress.written, skipped=progress.skipped,
                         bytes_written=progress.bytes, seconds=progress.elapsed)
 
 

@@ -46,8 +46,9 @@ def build(run_dir: Path, manifest: Mapping[str, Any], layout: TrainerLayout, pla
     }
 
 
-def claim(out: Path, record: Mapping[str, Any]) -> str:
-    """'fresh', 'resume' or 'complete' for this export in `out`; ExportError when `out` holds something else."""
+def status(out: Path, record: Mapping[str, Any]) -> str:
+    """'fresh', 'resume' or 'complete' for this export in `out`, writing nothing; ExportError when `out` holds
+    something else."""
     out = Path(out)
     want = sha256_json(record)
     for name, status in ((SIDECAR, "complete"), (PLAN, "resume")):
@@ -64,9 +65,16 @@ def claim(out: Path, record: Mapping[str, Any]) -> str:
             return status
     if out.exists() and any(out.iterdir()):
         raise ExportError(f"{out} is not empty and holds no export plan; choose an empty or new --out")
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / PLAN, json.dumps(record, indent=2, sort_keys=True) + "\n")
     return "fresh"
+
+
+def claim(out: Path, record: Mapping[str, Any]) -> str:
+    """`status`, and for a fresh export the plan file written into `out` (a rerun then resumes it)."""
+    found = status(out, record)
+    if found == "fresh":
+        Path(out).mkdir(parents=True, exist_ok=True)
+        write_text_atomic(Path(out) / PLAN, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return found
 
 
 def finish(out: Path, sidecar: Mapping[str, Any]) -> Path:

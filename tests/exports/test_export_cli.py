@@ -64,6 +64,7 @@ def test_a_run_that_does_not_verify_is_refused(llama_run, tmp_path):
     shard.write_bytes(bytes(data))
     error = _one_line_error(export(run, tmp_path / "out", "specforge"))
     assert "does not verify" in error and shard.name in error and "python -m pipeline.verify" in error
+    assert not (tmp_path / "out").exists()  # refused before anything is written
 
 
 def test_an_unfinished_run_and_a_usage_error_exit_2(tmp_path):
