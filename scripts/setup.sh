@@ -24,6 +24,12 @@ for engine_setup in scripts/engines/*.sh; do
     [ -e "$engine_setup" ] || continue
     bash "$engine_setup"
 done
+# The trainers whose layouts `python -m pipeline.export` writes (speculators, SpecForge) pin their own torch and
+# transformers: each gets its own environment (.venv-<trainer>/), used only by the export tests' drivers.
+for trainer_setup in scripts/trainers/*.sh; do
+    [ -e "$trainer_setup" ] || continue
+    bash "$trainer_setup"
+done
 # Headless Chromium renders the diff report in the tests (tests/integration/test_diff_report.py): Debian's package,
 # installed only when it is missing and we are root (elsewhere that test skips and says why).
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

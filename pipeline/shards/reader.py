@@ -74,12 +74,15 @@ class RunReader:
             self._handles[shard] = handle
         return self._handles[shard]
 
-    def __getitem__(self, sample_id: str) -> dict[str, Any]:
-        """{"sample_id", "hidden_states" [T, P, H], "input_ids" [T] int64, "loss_mask" [T] uint8}."""
+    def _location(self, sample_id: str) -> _Location:
         try:
-            loc = self._index[sample_id]
+            return self._index[sample_id]
         except KeyError:
             raise KeyError(f"sample_id {sample_id!r} is not in run {self.run_dir}") from None
+
+    def __getitem__(self, sample_id: str) -> dict[str, Any]:
+        """{"sample_id", "hidden_states" [T, P, H], "input_ids" [T] int64, "loss_mask" [T] uint8}."""
+        loc = self._location(sample_id)
         handle = self._handle(loc.shard)
         rows = slice(loc.offset, loc.offset + loc.num_tokens)
         return {
@@ -89,12 +92,27 @@ class RunReader:
             "loss_mask": handle.get_slice(layout.LOSS_MASK)[rows],
         }
 
+    def tokens(self, sample_id: str) -> dict[str, Any]:
+        """{"input_ids" [T] int64, "loss_mask" [T] uint8} of one sample, without touching its hidden states."""
+        loc = self._location(sample_id)
+        handle, rows = self._handle(loc.shard), slice(loc.offset, loc.offset + loc.num_tokens)
+        return {"input_ids": handle.get_slice(layout.INPUT_IDS)[rows],
+                "loss_mask": handle.get_slice(layout.LOSS_MASK)[rows]}
+
+    def shard_of(self, sample_id: str) -> int:
+        """Position in the manifest's shard list of the shard holding `sample_id`."""
+        return self._location(sample_id).shard
+
+    def release(self, shard: int) -> None:
+        """Unmap one shard's file (it is mapped again when next read)."""
+        self._handles.pop(shard, None)
+
     def iter_samples(self) -> Iterator[dict[str, Any]]:
         """Every sample in storage order, one at a time; each shard is unmapped once it has been read."""
         previous = None
         for sample_id, loc in self._index.items():
             if previous is not None and loc.shard != previous:
-                self._handles.pop(previous, None)  # keep one shard mapped, so resident pages stay bounded
+                self.release(previous)  # keep one shard mapped, so resident pages stay bounded
             previous = loc.shard
             yield self[sample_id]
 

@@ -1,0 +1,138 @@
+"""Export a finished, verified run in a trainer's layout: resumable, atomic per file, memory bounded by one shard.
+
+Order of work: read the manifest; choose the slots (slots.py; the last state is never guessed); stop if OUT already
+holds this export complete; verify the run (a run that does not verify is refused); claim OUT (fresh or resume); write
+every sample's file not already there, each to a temp file renamed when complete (a killed export leaves only
+`.*.tmp` files, which no trainer lists and the next run removes); the layout's own index files; `export.json` last.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+
+from pipeline.core.io import atomic_path
+from pipeline.exports.base import Exporter, ExportSample
+from pipeline.exports.progress import ExportProgress
+from pipeline.exports.sidecar import build, claim, finish, plan_record, status
+from pipeline.exports.slots import ExportError, SlotPlan, plan_slots
+from pipeline.shards.manifest import ManifestError, read_manifest
+from pipeline.shards.reader import RunReader
+from pipeline.shards.verify import verify_run
+
+# Test hook, like a kill -9 at a chosen moment: the process SIGKILLs itself after writing sample N's temp file, before
+# renaming it (so the temp file is left behind exactly as a crash would leave it).
+KILL_AT_ENV = "PIPELINE_EXPORT_KILL_AT"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportResult:
+    out: Path
+    status: str  # fresh | resume | complete (nothing left to do)
+    plan: SlotPlan
+    written: int
+    skipped: int
+    bytes_written: int
+    seconds: float
+
+
+def _manifest(run_dir: Path) -> dict:
+    try:
+        return read_manifest(run_dir)
+    except ManifestError as exc:
+        raise ExportError(f"not a finished run: {exc}") from None
+
+
+def _verify(run_dir: Path) -> None:
+    if problems := verify_run(run_dir):
+        raise ExportError(f"run {run_dir} does not verify ({len(problems)} problem(s), first: {problems[0]}); "
+                          f"see python -m pipeline.verify {run_dir}")
+
+
+def _remove_stale_temps(out: Path) -> None:
+    for tmp in out.rglob(".*.tmp"):  # only atomic_path's temp files: `.{name}.{random}.tmp`
+        tmp.unlink(missing_ok=True)
+
+
+def _kill_at() -> int | None:
+    value = os.environ.get(KILL_AT_ENV)
+    return int(value) if value else None
+
+
+def _samples(reader: RunReader) -> Iterator[tuple[int, str, int]]:
+    """(index, sample_id, shard) in storage order, releasing each shard's mapping once it has been read."""
+    previous = None
+    for index, sample_id in enumerate(reader.sample_ids):
+        shard = reader.shard_of(sample_id)
+        if previous is not None and shard != previous:
+            reader.release(previous)
+        previous = shard
+        yield index, sample_id, shard
+
+
+def _write_samples(reader: RunReader, exporter: Exporter, plan: SlotPlan, out: Path,
+                   progress: ExportProgress) -> None:
+    kill_at, num_shards, previous = _kill_at(), len(reader.entries), None
+    for index, sample_id, shard in _samples(reader):
+        if previous is not None and shard != previous:
+            progress.shard_done(previous, num_shards)
+        previous = shard
+        path = exporter.sample_file(out, index)
+        if path.exists():  # only ever renamed into place complete
+            progress.sample(num_tokens=len(reader.tokens(sample_id)["input_ids"]), num_bytes=0, skipped=True)
+            continue
+        row = reader[sample_id]
+        sample = ExportSample(index=index, sample_id=sample_id, input_ids=row["input_ids"],
+                              loss_mask=row["loss_mask"], hidden_TPH=row["hidden_states"])
+        with atomic_path(path) as tmp:
+            exporter.write_sample(tmp, sample, plan)
+            if kill_at == index:
+                os.kill(os.getpid(), signal.SIGKILL)
+        progress.sample(num_tokens=sample.input_ids.shape[0], num_bytes=path.stat().st_size, skipped=False)
+    if previous is not None:
+        progress.shard_done(previous, num_shards)
+
+
+def _tokens(reader: RunReader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for _, sample_id, _ in _samples(reader):
+        row = reader.tokens(sample_id)
+        yield row["input_ids"], row["loss_mask"]
+
+
+def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[str] | None = None,
+               last: str | None = None, verify: bool = True) -> ExportResult:
+    """Export `run_dir` into `out` with `exporter`'s layout; ExportError says why a run or `out` does not fit."""
+    run_dir, out = Path(run_dir), Path(out)
+    manifest = _manifest(run_dir)
+    num_layers = (manifest.get("provenance") or {}).get("model", {}).get("num_layers")
+    if not isinstance(num_layers, int):
+        raise ExportError(f"run {run_dir}: its manifest's provenance has no model.num_layers, so bN is unknown")
+    plan = plan_slots(exporter.layout, run_points=manifest["points"], num_layers=num_layers, aux=aux, last=last)
+    record = plan_record(run_dir, manifest, exporter.layout, plan)
+    sidecar = build(run_dir, manifest, exporter.layout, plan, record)  # before any file: it cannot fail at the end
+    progress = ExportProgress(name=exporter.layout.name, num_samples=manifest["num_samples"],
+                              num_tokens=manifest["num_tokens"])
+    if status(out, record) == "complete":  # checked before the (full-read) verification: nothing to do
+        return ExportResult(out=out, status="complete", plan=plan, written=0, skipped=manifest["num_samples"],
+                            bytes_written=0, seconds=progress.elapsed)
+    if verify:
+        _verify(run_dir)
+    found = claim(out, record)
+    _remove_stale_temps(out)
+    with RunReader(run_dir) as reader, progress:
+        _write_samples(reader, exporter, plan, out, progress)
+        index_files = exporter.finish(out, _tokens(reader))
+    sidecar["files"] = {"num_samples": progress.written + progress.skipped,
+                        "first_sample": _rel(exporter.sample_file(out, 0), out),
+                        "index_files": [_rel(p, out) for p in index_files]}
+    finish(out, sidecar)
+    return ExportResult(out=out, status=found, plan=plan, written=progress.written, skipped=progress.skipped,
+                        bytes_written=progress.bytes, seconds=progress.elapsed)
+
+
+def _rel(path: Path, out: Path) -> str:
+    return path.relative_to(out).as_posix()

@@ -1,0 +1,95 @@
+"""speculators 0.9.0 (`speculators.train.data.ArrowDataset`): an Arrow dataset plus one safetensors file per row.
+
+Read from speculators' own source: `ArrowDataset(datapath)` calls `datasets.load_from_disk(datapath)` (a
+`save_to_disk` directory saved in torch format, columns `input_ids` and `loss_mask` (int64 lists) and `seq_len`) and
+reads row i's states through `hs_connectors.FileTransfer(datapath / "hidden_states")`:
+`hidden_states/hs_{i}.safetensors` with `hidden_states [T, K+1, H]` and `token_ids [T]` int64 (checked equal to the
+row's input_ids). The draft takes `hidden_states[:, :-1]` flattened as its K aux inputs and `hidden_states[:, -1]` as
+the verifier's last hidden state, to which it applies the verifier's final norm itself: the last slot is bN. No shift
+is stored (the trainer shifts).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+import pyarrow as pa
+import torch
+
+from pipeline.core.io import atomic_path, sha256_file
+from pipeline.core.stfile import DTYPE_CODES, TensorSpec, header_bytes
+from pipeline.exports.base import ExportSample
+from pipeline.exports.slots import LAST_BOUNDARY, SlotPlan, TrainerLayout
+
+LAYOUT = TrainerLayout(name="speculators", trainer="speculators==0.9.0", num_aux=None, last=LAST_BOUNDARY,
+                       why_last="speculators applies the verifier's final norm to the last slot itself, so it must "
+                                "be the last layer's output before the norm")
+HIDDEN_DIR = "hidden_states"
+ARROW_FILE = "data-00000-of-00001.arrow"  # the names datasets' save_to_disk gives a one-file dataset
+STATE_FILE = "state.json"
+INFO_FILE = "dataset_info.json"
+_COLUMNS = ("input_ids", "loss_mask", "seq_len")
+_SCHEMA = pa.schema([("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int64())),
+                     ("seq_len", pa.int64())])
+# datasets' own JSON for that schema (Features.to_dict): load_from_disk checks it against the Arrow schema.
+_FEATURES = {"input_ids": {"feature": {"dtype": "int64", "_type": "Value"}, "_type": "List"},
+             "loss_mask": {"feature": {"dtype": "int64", "_type": "Value"}, "_type": "List"},
+             "seq_len": {"dtype": "int64", "_type": "Value"}}
+_BATCH_ROWS = 4096  # rows per Arrow record batch: the token columns of a terabyte run never sit in memory at once
+
+
+class SpeculatorsExporter:
+    layout = LAYOUT
+
+    def sample_file(self, out: Path, index: int) -> Path:
+        return Path(out) / HIDDEN_DIR / f"hs_{index}.safetensors"  # the name FileTransfer.get_cached(i) opens
+
+    def write_sample(self, path: Path, sample: ExportSample, plan: SlotPlan) -> None:
+        tensors = {"hidden_states": sample.slots(plan.indices), "token_ids": sample.input_ids.to(torch.int64)}
+        metadata = {"sample_id": sample.sample_id, "points": ",".join(p.label for p in plan.points)}
+        _write_safetensors(path, tensors, metadata)
+
+    def finish(self, out: Path, tokens: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> list[Path]:
+        out = Path(out)
+        arrow, state, info = out / ARROW_FILE, out / STATE_FILE, out / INFO_FILE
+        if not arrow.exists():
+            with atomic_path(arrow) as tmp:
+                _write_arrow(tmp, tokens)
+        for path, obj in ((info, {"features": _FEATURES}), (state, _state(sha256_file(arrow)[:16]))):
+            if not path.exists():
+                with atomic_path(path) as tmp:
+                    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        return [arrow, info, state]
+
+
+def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """The safetensors format written straight from the tensors' memory: safetensors' save_file first builds the whole
+    file as bytes (about 6x slower here); the trainer reads it with the real library (tests/exports)."""
+    specs = [TensorSpec(name=name, dtype_code=DTYPE_CODES[t.dtype], shape=tuple(t.shape),
+                        num_bytes=t.numel() * t.element_size()) for name, t in tensors.items()]
+    with open(path, "wb") as f:
+        f.write(header_bytes(specs, metadata))
+        for tensor in tensors.values():
+            f.write(memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy()))
+
+
+def _write_arrow(path: Path, tokens: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    with pa.OSFile(str(path), "wb") as sink, pa.RecordBatchStreamWriter(sink, _SCHEMA) as writer:
+        batch: dict[str, list] = {name: [] for name in _COLUMNS}
+        for input_ids, loss_mask in tokens:
+            ids = input_ids.to(torch.int64).tolist()
+            batch["input_ids"].append(ids)
+            batch["loss_mask"].append(loss_mask.to(torch.int64).tolist())
+            batch["seq_len"].append(len(ids))
+            if len(batch["seq_len"]) == _BATCH_ROWS:
+                writer.write_batch(pa.record_batch(batch, schema=_SCHEMA))
+                batch = {name: [] for name in _COLUMNS}
+        if batch["seq_len"]:
+            writer.write_batch(pa.record_batch(batch, schema=_SCHEMA))
+
+
+def _state(fingerprint: str) -> dict:
+    """datasets' state.json for a one-file dataset in torch format (what save_to_disk after set_format writes)."""
+    return {"_data_files": [{"filename": ARROW_FILE}], "_fingerprint": fingerprint, "_format_columns": None,
+            "_format_kwargs": {}, "_format_type": "torch", "_output_all_columns": False, "_split": None}

@@ -1,0 +1,121 @@
+"""`python -m pipeline.export` as a user runs it: refusals (exit 2, one line naming what is wrong), a killed export
+that a rerun completes without rewriting finished files, a complete export left alone, an OUT holding another export."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from safetensors import safe_open
+
+from pipeline.exports.driver import KILL_AT_ENV
+from pipeline.shards.reader import RunReader
+from tests.exports.conftest import cli, extract
+
+pytestmark = pytest.mark.integration
+
+
+def export(run, out, fmt, *args, env=None):
+    return cli("pipeline.export", str(run), "--format", fmt, "--out", str(out), *args, env=env)
+
+
+def _one_line_error(proc) -> str:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def run_without_last(tmp_path_factory, models_root):
+    """A run that captured final_norm but not bN, as SGLang 0.5.23 would give it."""
+    return extract(tmp_path_factory.mktemp("nolast") / "run", "model=tiny_llama", "capture.points=[1,3,5,final_norm]",
+                   "data.limit=3")
+
+
+def test_speculators_refuses_a_run_without_bn_and_says_how_to_capture_it(run_without_last, tmp_path):
+    error = _one_line_error(export(run_without_last, tmp_path / "out", "speculators"))
+    assert "run has no b6" in error and "final norm" in error
+    assert "engine=hf or engine=vllm" in error and "SGLang 0.5.23 cannot capture bN" in error
+    assert "capture.points=[" in error and "last" in error
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_the_last_slot_cannot_be_set_to_another_state(llama_run, tmp_path):
+    error = _one_line_error(export(llama_run, tmp_path / "a", "speculators", "--last", "final_norm"))
+    assert "--last final_norm" in error and "must be b6" in error
+    error = _one_line_error(export(llama_run, tmp_path / "b", "specforge", "--last", "last"))
+    assert "--last b6" in error and "must be final_norm" in error
+
+
+def test_specforge_refuses_other_than_three_aux_states(llama_run, tmp_path):
+    error = _one_line_error(export(llama_run, tmp_path / "out", "specforge", "--aux", "b1,b3"))
+    assert "exactly 3 aux states, got 2" in error and "[b1, b3]" in error
+    error = _one_line_error(export(llama_run, tmp_path / "out", "specforge", "--aux", "b1,b2,b3"))
+    assert "b2 not captured" in error
+
+
+def test_a_run_that_does_not_verify_is_refused(llama_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(llama_run, run)
+    shard = sorted((run / "shards").glob("*.safetensors"))[1]
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    error = _one_line_error(export(run, tmp_path / "out", "specforge"))
+    assert "does not verify" in error and shard.name in error and "python -m pipeline.verify" in error
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def test_an_unfinished_run_and_a_usage_error_exit_2(tmp_path):
+    error = _one_line_error(export(tmp_path, tmp_path / "out", "specforge"))
+    assert "not a finished run" in error
+    proc = cli("pipeline.export", str(tmp_path), "--format", "eagle", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+def _finished(out):
+    return {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("fmt", ["speculators", "specforge"])
+def test_a_killed_export_is_completed_by_a_rerun_without_rewriting_finished_files(fmt, llama_run, tmp_path):
+    out = tmp_path / "out"
+    killed = export(llama_run, out, fmt, env={**os.environ, KILL_AT_ENV: "7"})
+    assert killed.returncode == -9, killed.stderr
+    assert not (out / "export.json").exists()  # not finished, and does not look finished
+    temps = [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    assert len(temps) == 1 and temps[0].name.startswith(".")  # the half-written file: a name no trainer lists
+    before = _finished(out)
+    assert len([p for p in before if p.suffix in (".ckpt", ".safetensors")]) == 7  # samples 0..6
+    done = export(llama_run, out, fmt)
+    assert done.returncode == 0, done.stderr
+    assert "5 written, 7 finished earlier" in done.stdout
+    after = _finished(out)
+    assert all(after[p] == before[p] for p in before if p.exists() and not p.name.startswith("."))
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    again = export(llama_run, out, fmt)
+    assert again.returncode == 0 and "already complete" in again.stdout and _finished(out) == after
+
+
+def test_resumed_speculators_files_hold_the_runs_slots(llama_run, tmp_path):
+    """The files written before and after the kill are the same as a one-go export's (safetensors: read here)."""
+    out = tmp_path / "out"
+    export(llama_run, out, "speculators", env={**os.environ, KILL_AT_ENV: "3"})
+    assert export(llama_run, out, "speculators").returncode == 0
+    with RunReader(llama_run) as reader:
+        for i, sample in enumerate(reader.iter_samples()):
+            with safe_open(str(out / "hidden_states" / f"hs_{i}.safetensors"), "pt") as f:
+                assert f.get_tensor("hidden_states").equal(sample["hidden_states"][:, [0, 1, 2, 3]])
+                assert f.metadata()["sample_id"] == sample["sample_id"]
+
+
+def test_out_holding_another_export_or_other_files_is_refused(llama_run, tmp_path):
+    out = tmp_path / "out"
+    assert export(llama_run, out, "speculators").returncode == 0
+    error = _one_line_error(export(llama_run, out, "specforge"))
+    assert "holds another export" in error and "speculators" in error
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("x")
+    assert "not empty" in _one_line_error(export(llama_run, other, "speculators"))
