@@ -115,6 +115,8 @@ class CaptureStage:
         # Capture rejects are written before the shard's completion marker, so a resumed run still reports them.
         if rejects:
             write_rejects(_rejects_path(run_dir, index), rejects)
+        else:  # a redone unit that rejects nothing now: an earlier attempt's rejects are not this shard's
+            _rejects_path(run_dir, index).unlink(missing_ok=True)
         entry = None
         if items:
             entry = write_shard(run_dir, index, items, points=[p.label for p in cfg.points],

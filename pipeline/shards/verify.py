@@ -17,9 +17,18 @@ from pipeline.core.io import sha256_file
 from pipeline.provenance import compact
 from pipeline.shards import layout
 from pipeline.shards.manifest import ManifestError, read_manifest
-from pipeline.shards.verify_claims import provenance_problems, reject_problems, truncation_problems
+from pipeline.shards.verify_claims import (
+    provenance_problems,
+    reject_problems,
+    truncation_problems,
+)
 from pipeline.shards.verify_shard import Expected, check_shard
-from pipeline.shards.verify_tree import SHARD_NAME, escape_problem, through_symlink, tree_problems
+from pipeline.shards.verify_tree import (
+    SHARD_NAME,
+    escape_problem,
+    through_symlink,
+    tree_problems,
+)
 from pipeline.shards.writer import ShardEntry
 
 

@@ -19,7 +19,8 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from pipeline import provenance
-from pipeline.shards.verify_tree import CAPTURE_REJECTS_FILE, PREPARE_REJECTS, REJECTS_DIR, RUN_FILE
+from pipeline.shards.layout import PREPARE_REJECTS, REJECTS_DIR, RUN_FILE
+from pipeline.shards.verify_tree import CAPTURE_REJECTS_FILE
 
 _MAX_LISTED = 3
 

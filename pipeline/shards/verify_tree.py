@@ -15,12 +15,8 @@ from pathlib import Path, PurePosixPath
 from typing import Iterable
 
 from pipeline.shards import layout
+from pipeline.shards.layout import LOCK_NAME, PREPARE_REJECTS, REJECTS_DIR, RUN_FILE
 
-# The names pipeline.run writes (it lives above this layer, so they are spelled here too).
-RUN_FILE = "run.json"
-LOCK_NAME = ".lock"
-PREPARE_REJECTS = "rejects.parquet"
-REJECTS_DIR = "rejects"
 ROOT_FILES = frozenset({layout.MANIFEST_NAME, RUN_FILE, PREPARE_REJECTS, LOCK_NAME})
 ROOT_DIRS = frozenset({layout.SHARDS_DIR, REJECTS_DIR, layout.DIFF_DIR})
 DIFF_FILES = frozenset({"report.json", "report.md", "report.html"})
