@@ -38,7 +38,7 @@ def test_a_convention_error_stops_extract_before_any_shard(tmp_path, models_root
     # a failing gate draws its plots (diff.gate_html=on_failure): the message points at them
     assert named in message and f"report: {out.resolve()}/diff/report.html" in message
     assert "diff.gate=warn" in message  # how to proceed anyway
-    assert sorted(p.name for p in out.iterdir()) == ["diff"]  # no shards, no manifest, no run record
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "diff"]  # the released lock; no shards, manifest or run record
     report = json.loads((out / "diff" / "report.json").read_text())
     assert report["status"] == "fail" and any(named in p for a in report["alignment"] for p in a["problems"])
     # the fixed engine then runs in the same directory

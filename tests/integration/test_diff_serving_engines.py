@@ -25,7 +25,7 @@ def test_the_gate_stops_vllm_on_the_default_rope_model(tmp_path, models_root):
                              "engine.dtype=float32", "data.limit=4", "diff.gate_probe.num_samples=3",
                              "diff.html=false"))
     assert "vllm@float32 (primary) vs hf@float32" in str(stop.value)
-    assert sorted(p.name for p in out.iterdir()) == ["diff"]  # stopped before any shard
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "diff"]  # stopped before any shard (the lock, released)
     report = json.loads((out / "diff" / "report.json").read_text())
     pair = next(p for p in report["pairs"] if p["kind"] == "reference")
     b1 = pair["points"]["b1"]
