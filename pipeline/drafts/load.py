@@ -1,0 +1,71 @@
+"""Weight names proven by the server's own code: the draft is loaded into the server's draft class by the server's
+own model loader, in the engine's environment (`.venv-sglang`), on CPU (`probes/sglang_load.py`, run as a script
+with that interpreter: the pipeline's environment never imports the engines). The probe fills every parameter with
+NaN first, then reports which checkpoint tensors the class's `load_weights` consumed without writing anything (it
+dropped them) and which parameters kept their NaN (left uninitialised, unless the server fills them from the target
+at start: the embedding and lm_head)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from pipeline.drafts.checkpoint import Draft
+from pipeline.drafts.report import Finding
+from pipeline.drafts.serving import ServerView
+
+REPO = Path(__file__).resolve().parents[2]
+PROBES = Path(__file__).resolve().parent / "probes"
+ENVS = {"sglang": REPO / ".venv-sglang"}
+TIMEOUT_S = 600
+# What the server fills from the target at start when the draft does not carry it (SGLang: set_embed_and_head /
+# load_lm_head_from_target; vLLM shares the target's embedding when the draft has none).
+FROM_TARGET = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def run_probe(framework: str, draft_dir: Path) -> dict:
+    python = ENVS[framework] / "bin" / "python"
+    if not python.exists():
+        raise FileNotFoundError(f"{python} is missing: run bash scripts/engines/{framework}.sh")
+    with tempfile.TemporaryDirectory(prefix="doctor-load-") as tmp:
+        out = Path(tmp) / "result.json"
+        env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(REPO)}
+        proc = subprocess.run([str(python), str(PROBES / f"{framework}_load.py"), str(draft_dir), str(out)],
+                              cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+        if proc.returncode != 0 or not out.is_file():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise RuntimeError(" / ".join(tail) or f"exit status {proc.returncode}")
+        return json.loads(out.read_text())
+
+
+def check_weights(draft: Draft, view: ServerView) -> list[Finding]:
+    name = f"{view.framework} {view.version}"
+    if view.draft_class is None:
+        return []  # aux-capture already says the server cannot read the config
+    if view.framework not in ENVS:
+        return [Finding("WARN", "weights", f"the {name} load proof is not implemented (SGLang only): weight names "
+                        f"not checked against {view.draft_class}")]
+    try:
+        result = run_probe(view.framework, draft.path)
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+        return [Finding("ERROR", "weights", f"could not load the draft into {name}'s {view.draft_class} on CPU: "
+                        f"{exc}")]
+    cls = result["class"]
+    dropped = result["dropped"]
+    missing = [p for p in result["uninitialised"] if p not in FROM_TARGET]
+    from_target = [p for p in result["uninitialised"] if p in FROM_TARGET]
+    out = []
+    if dropped:
+        out.append(Finding("MISMATCH", "weights", f"{name}'s {cls}.load_weights dropped {len(dropped)} checkpoint "
+                           f"tensors without a word: {', '.join(dropped[:6])}{' ...' if len(dropped) > 6 else ''}"))
+    if missing:
+        out.append(Finding("MISMATCH", "weights", f"{name}'s {cls} left {len(missing)} parameters uninitialised: "
+                           f"{', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}; rename the checkpoint "
+                           "tensors to what the class loads"))
+    if not out:
+        extra = f"; {', '.join(from_target)} come from the target at start" if from_target else ""
+        out.append(Finding("OK", "weights", f"{name}'s own loader put all {result['num_tensors']} tensors into {cls} "
+                           f"and initialised every parameter{extra}"))
+    return out
