@@ -85,9 +85,11 @@ def make_draft(path: Path, target_config: dict, *, schema: str = "specforge", au
             "draft_vocab_size": dvocab, "norm_before_residual": True,
             "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": "target"}}}
     elif schema == "mla":
-        config = {**layer, **mla, "model_type": "deepseek_v2", "architectures": ["Eagle3DeepseekV2ForCausalLM"],
-                  "draft_vocab_size": dvocab, "rope_scaling": text.get("rope_scaling"),
-                  "n_routed_experts": None, "first_k_dense_replace": 1}
+        # a one-layer copy of the target's text config (docs/engines.md#eagle-3-draft-serving-on-vllm-cpu)
+        config = {**{k: v for k, v in text.items() if k not in ("quantization_config", "auto_map")},
+                  "num_hidden_layers": 1, "model_type": "deepseek_v2", "vocab_size": vocab,
+                  "architectures": ["Eagle3DeepseekV2ForCausalLM"], "draft_vocab_size": dvocab,
+                  "tie_word_embeddings": False}
     else:
         config = {**layer, "model_type": "llama", "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": dvocab}
     if schema != "speculators" and (eagle or ids_at == "eagle_config"):
