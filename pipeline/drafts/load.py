@@ -28,14 +28,15 @@ FROM_TARGET = ("model.embed_tokens.weight", "lm_head.weight")
 UNUSED_BY_DESIGN = ("t2d",)
 
 
-def run_probe(framework: str, draft_dir: Path) -> dict:
+def run_probe(framework: str, *drafts: Path) -> list[dict]:
+    """One result per draft (`probes/<framework>_load.py`)."""
     python = ENVS[framework] / "bin" / "python"
     if not python.exists():
         raise FileNotFoundError(f"{python} is missing: run bash scripts/engines/{framework}.sh")
     with tempfile.TemporaryDirectory(prefix="doctor-load-") as tmp:
         out = Path(tmp) / "result.json"
         env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(REPO)}
-        proc = subprocess.run([str(python), str(PROBES / f"{framework}_load.py"), str(draft_dir), str(out)],
+        proc = subprocess.run([str(python), str(PROBES / f"{framework}_load.py"), str(out), *map(str, drafts)],
                               cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
         if proc.returncode != 0 or not out.is_file():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
@@ -51,10 +52,15 @@ def check_weights(draft: Draft, view: ServerView) -> list[Finding]:
         return [Finding("WARN", "weights", f"the {name} load proof is not implemented (SGLang only): weight names "
                         f"not checked against {view.draft_class}")]
     try:
-        result = run_probe(view.framework, draft.path)
+        (result,) = run_probe(view.framework, draft.path)
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         return [Finding("ERROR", "weights", f"could not load the draft into {name}'s {view.draft_class} on CPU: "
                         f"{exc}")]
+    return findings_from(result, name)
+
+
+def findings_from(result: dict, name: str) -> list[Finding]:
+    """The weights findings of one probe result (`name`: the server and version, for the messages)."""
     cls = result["class"]
     dropped = [n for n in result["dropped"] if n.rsplit(".", 1)[-1] not in UNUSED_BY_DESIGN]
     missing = [p for p in result["uninitialised"] if p not in FROM_TARGET]
@@ -71,6 +77,8 @@ def check_weights(draft: Draft, view: ServerView) -> list[Finding]:
                            "tensors to what the class loads"))
     if not out:
         extra = f"; {', '.join(from_target)} come from the target at start" if from_target else ""
-        out.append(Finding("OK", "weights", f"{name}'s own loader put all {result['num_tensors']} tensors into {cls} "
-                           f"and initialised every parameter{extra}"))
+        unused = [n for n in result["dropped"] if n not in dropped]
+        extra += f"; {', '.join(unused)} unused by the server (it serves from d2t)" if unused else ""
+        out.append(Finding("OK", "weights", f"{name}'s own loader put the draft's {result['num_tensors']} tensors "
+                           f"into {cls} and initialised every parameter{extra}"))
     return out
