@@ -6,7 +6,8 @@
         and RESULT_DIR/result.json (row count, shapes, dtypes)
     python speculators_driver.py train EXPORT_DIR RESULT_DIR VERIFIER_DIR NUM_SAMPLES
         one optimisation step of speculators' own Eagle3DraftModel on the first rows, on CPU; writes result.json
-        (loss before and after, number of parameters changed)
+        (loss before and after, number of parameters changed) and the trained draft with its own save_pretrained to
+        RESULT_DIR/draft
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ def train(export_dir: Path, result_dir: Path, verifier: Path, num_samples: int) 
     with torch.no_grad():
         _, loss_after, _ = model(**inputs, **train_kwargs)
     changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, params))
+    model.save_pretrained(str(result_dir / "draft"))
     (result_dir / "result.json").write_text(json.dumps({
         "loss": float(loss.detach()), "loss_after": float(loss_after), "params_changed": changed, "params": len(params),
         "batch_tokens": int(batch["input_ids"].shape[1]), "num_samples": num_samples}))
