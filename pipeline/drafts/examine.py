@@ -55,6 +55,7 @@ def examine(request: Request, weights: WeightsCheck | None = None) -> tuple[list
     found += model.check_vocab(draft, target)
     found.append(model.check_d2t(draft, target))
     found.append(features.check_final_norm(draft, target))
+    found.append(features.check_norm_output(draft))
     found += model.check_flags(flags, server, draft)
     found.append(model.check_kernels(target, server, flags))
     context = {"draft": {"path": str(draft.path), "format": draft.format, "architecture": draft.architecture},

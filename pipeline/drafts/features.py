@@ -143,3 +143,23 @@ def check_final_norm(draft: Draft, target: Target) -> Finding:
         return Finding("MISMATCH", "final-norm", f"{feats.source} holds no {need_point.label} ({why}); recapture with "
                        f"{need_point.label if need == 'final_norm' else 'last'} in capture.points")
     return Finding("OK", "final-norm", f"{trainer} trains on {need_point.label} ({why}), which {feats.source} holds")
+
+
+def check_norm_output(draft: Draft) -> Finding:
+    """`norm_output`: SGLang, vLLM and speculators feed the draft's post-norm state to its next step when true (EAGLE
+    3.1), default false; SpecForge 0.2.0's draft reads the same key as whether its logits go through its norm (default
+    true) and always feeds the pre-norm state back (docs/engines.md#eagle-3-drafts-what-sglang-0523-and-vllm-032-read)."""
+    value = draft.layer_config.get("norm_output")
+    if draft.format != "specforge":
+        return Finding("OK", "draft-norm", f"norm_output {bool(value)}: the same meaning in the trainer and the servers "
+                       "(true: the post-norm state feeds the next draft step)")
+    if value is None:
+        return Finding("OK", "draft-norm", "no norm_output: SpecForge trained normed logits and pre-norm feedback, what "
+                       "SGLang and vLLM serve by default")
+    if value:
+        return Finding("MISMATCH", "draft-norm", "config.json sets norm_output true: SpecForge 0.2.0 read it as 'logits "
+                       "through the draft's norm' and fed the pre-norm state to the next step, but the servers read "
+                       "it as 'feed the post-norm state to the next step'; remove norm_output from the served config")
+    return Finding("MISMATCH", "draft-norm", "config.json sets norm_output false: SpecForge 0.2.0 trained logits without "
+                   "the draft's final norm, but SGLang and vLLM always apply it before lm_head; retrain with "
+                   "norm_output true (its default) and remove the key before serving")

@@ -226,6 +226,15 @@ def test_final_norm_of_the_trainer_against_the_export(tmp_path, llama):
     assert status(found, "final-norm") == {"MISMATCH"} and "holds no b6" in text(found, "final-norm")
 
 
+@pytest.mark.parametrize("value,ok,needle", [
+    (None, True, "no norm_output"), (True, False, "remove norm_output"), (False, False, "retrain")])
+def test_specforge_norm_output_means_another_thing_to_the_servers(tmp_path, llama, models_root, value, ok, needle):
+    extra = {} if value is None else {"norm_output": value}
+    draft = make_draft(tmp_path / "d", llama, config_extra=extra)
+    found = findings(draft, target=models_root / "tiny-llama")
+    assert status(found, "draft-norm") == ({"OK"} if ok else {"MISMATCH"}) and needle in text(found, "draft-norm")
+
+
 # --- flags ----------------------------------------------------------------------------------------------------------
 
 def test_sglang_flags_that_override_each_other(tmp_path, llama, models_root):
