@@ -13,8 +13,8 @@ from pipeline.drafts.serving import ServerView, view
 from pipeline.drafts.target import Target, TargetError, gather
 from pipeline.points import PointError, family_of
 
-# (draft, server view) -> findings of the engine-side weight load; None: not run
-WeightsCheck = Callable[[Draft, ServerView], list[Finding]]
+# (draft, server view, target) -> findings of the engine-side weight load; None: not run
+WeightsCheck = Callable[[Draft, ServerView, Target], list[Finding]]
 
 
 @dataclass(kw_only=True)
@@ -50,7 +50,7 @@ def examine(request: Request, weights: WeightsCheck | None = None) -> tuple[list
     found += features.check_aux_ids(draft, server, target)
     found += features.check_fc(draft, server, target)
     if weights is not None:
-        found += weights(draft, server)
+        found += weights(draft, server, target)
     found.append(model.check_hidden(draft, target))
     found += model.check_vocab(draft, target)
     found.append(model.check_d2t(draft, target))

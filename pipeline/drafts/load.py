@@ -1,9 +1,11 @@
 """Weight names proven by the server's own code: the draft is loaded into the server's draft class by the server's
-own model loader, in the engine's environment (`.venv-sglang`), on CPU (`probes/sglang_load.py`, run as a script
-with that interpreter: the pipeline's environment never imports the engines). The probe fills every parameter with
-NaN first, then reports which checkpoint tensors the class's `load_weights` consumed without writing anything (it
-dropped them) and which parameters kept their NaN (left uninitialised, unless the server fills them from the target
-at start: the embedding and lm_head)."""
+own model loader, in the engine's environment (`.venv-sglang`, `.venv-vllm`), on CPU (`probes/<server>_load.py`, run
+as a script with that interpreter: the pipeline's environment never imports the engines). The probe fills every
+parameter with a sentinel first, then reports which checkpoint tensors the class's `load_weights` consumed without
+writing anything (it dropped them) and which parameters kept the sentinel (left uninitialised, unless the server
+fills them from the target at start: the embedding and lm_head). vLLM builds a draft class only over a target's
+config, so its probe needs the target's directory (`--target`, or the run's model directory when it is still there);
+a checkpoint vLLM refuses to load is reported with vLLM's own error."""
 from __future__ import annotations
 
 import json
@@ -15,10 +17,11 @@ from pathlib import Path
 from pipeline.drafts.checkpoint import Draft
 from pipeline.drafts.report import Finding
 from pipeline.drafts.serving import ServerView
+from pipeline.drafts.target import Target
 
 REPO = Path(__file__).resolve().parents[2]
 PROBES = Path(__file__).resolve().parent / "probes"
-ENVS = {"sglang": REPO / ".venv-sglang"}
+ENVS = {"sglang": REPO / ".venv-sglang", "vllm": REPO / ".venv-vllm"}
 TIMEOUT_S = 600
 # What the server fills from the target at start when the draft does not carry it (SGLang: set_embed_and_head /
 # load_lm_head_from_target; vLLM shares the target's embedding when the draft has none).
@@ -28,15 +31,16 @@ FROM_TARGET = ("model.embed_tokens.weight", "lm_head.weight")
 UNUSED_BY_DESIGN = ("t2d",)
 
 
-def run_probe(framework: str, *drafts: Path) -> list[dict]:
-    """One result per draft (`probes/<framework>_load.py`)."""
+def run_probe(framework: str, *drafts: Path, target_dir: Path | None = None) -> list[dict]:
+    """One result per draft (`probes/<framework>_load.py`; vLLM's needs `target_dir`)."""
     python = ENVS[framework] / "bin" / "python"
     if not python.exists():
         raise FileNotFoundError(f"{python} is missing: run bash scripts/engines/{framework}.sh")
     with tempfile.TemporaryDirectory(prefix="doctor-load-") as tmp:
         out = Path(tmp) / "result.json"
-        env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(REPO)}
-        proc = subprocess.run([str(python), str(PROBES / f"{framework}_load.py"), str(out), *map(str, drafts)],
+        env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(REPO)}
+        proc = subprocess.run([str(python), str(PROBES / f"{framework}_load.py"), str(out),
+                               *([str(target_dir)] if framework == "vllm" else []), *map(str, drafts)],
                               cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
         if proc.returncode != 0 or not out.is_file():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
@@ -44,15 +48,15 @@ def run_probe(framework: str, *drafts: Path) -> list[dict]:
         return json.loads(out.read_text())
 
 
-def check_weights(draft: Draft, view: ServerView) -> list[Finding]:
+def check_weights(draft: Draft, view: ServerView, target: Target) -> list[Finding]:
     name = f"{view.framework} {view.version}"
     if view.draft_class is None:
         return []  # aux-capture already says the server cannot read the config
-    if view.framework not in ENVS:
-        return [Finding("WARN", "weights", f"the {name} load proof is not implemented (SGLang only): weight names "
-                        f"not checked against {view.draft_class}")]
+    if view.framework == "vllm" and target.model_dir is None:
+        return [Finding("WARN", "weights", f"{name} builds its draft class only over the target's config: pass "
+                        "--target MODEL_DIR to prove the weight names by loading the draft")]
     try:
-        (result,) = run_probe(view.framework, draft.path)
+        (result,) = run_probe(view.framework, draft.path, target_dir=target.model_dir)
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         return [Finding("ERROR", "weights", f"could not load the draft into {name}'s {view.draft_class} on CPU: "
                         f"{exc}")]
@@ -62,6 +66,9 @@ def check_weights(draft: Draft, view: ServerView) -> list[Finding]:
 def findings_from(result: dict, name: str) -> list[Finding]:
     """The weights findings of one probe result (`name`: the server and version, for the messages)."""
     cls = result["class"]
+    if "refused" in result:
+        return [Finding("MISMATCH", "weights", f"{name}'s own loader refuses to load the draft into {cls}: "
+                        f"{result['refused']}")]
     dropped = [n for n in result["dropped"] if n.rsplit(".", 1)[-1] not in UNUSED_BY_DESIGN]
     missing = [p for p in result["uninitialised"] if p not in FROM_TARGET]
     missing += [f"{p['name']} ({p['nan_rows']} of {p['rows']} rows)" for p in result["partial"]

@@ -44,6 +44,7 @@ class Target:
     engine: dict[str, Any] = field(default_factory=dict)  # provenance["engine"] of the capture
     diff: dict[str, Any] | None = None  # provenance["diff"] (the gate's summary)
     sources: list[str] = field(default_factory=list)
+    model_dir: Path | None = None  # the target's directory when it is here (vLLM builds a draft only over its config)
 
 
 def _json(path: Path, what: str) -> dict[str, Any]:
@@ -80,6 +81,7 @@ def from_model_dir(target: Target, model_dir: Path) -> None:
     target.num_layers = target.num_layers or text.get("num_hidden_layers")
     target.hidden_size = target.hidden_size or text.get("hidden_size")
     target.vocab_size = target.vocab_size or text.get("vocab_size") or config.get("vocab_size")
+    target.model_dir = Path(model_dir)
     target.sources.append(f"target {model_dir}")
 
 
@@ -103,6 +105,7 @@ def from_run(target: Target, run_dir: Path, *, features: bool = True) -> None:
     model_path = model.get("path")
     if model_path and (Path(model_path) / "config.json").is_file():  # the vocabulary is not in provenance
         target.vocab_size = text_config(_json(Path(model_path) / "config.json", "run model")).get("vocab_size")
+        target.model_dir = Path(model_path)
 
 
 def from_export(target: Target, export_dir: Path) -> None:

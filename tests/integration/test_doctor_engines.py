@@ -118,3 +118,18 @@ def test_llama_and_mla_drafts_load_into_sglangs_classes(tmp_path, models_root):
         assert result["dropped"] == ["t2d"] and result["uninitialised"] == ["model.embed_tokens.weight"]
     fused = results[1]["wrote"]["layers.0.self_attn.q_a_proj.weight"]
     assert fused == ["model.midlayer.self_attn.fused_qkv_a_proj_with_mqa.weight"]
+
+
+@needs_vllm
+def test_vllms_own_loader_loads_a_draft_and_refuses_a_misnamed_one(tmp_path, models_root):
+    """One probe for both (vLLM builds its draft class over the target's config): midlayer.* and d2t into
+    Eagle3LlamaForCausalLM; a decoder layer saved under another name is refused by vLLM with its own error."""
+    llama = json.loads((models_root / "tiny-llama" / "config.json").read_text())
+    drafts = [make_draft(tmp_path / "good", llama, aux_ids=[1, 3, 5], draft_vocab=1024),
+              make_draft(tmp_path / "bad", llama, aux_ids=[1, 3, 5], prefix="draft_model.layers.0")]
+    good, bad = run_probe("vllm", *drafts, target_dir=models_root / "tiny-llama")
+    assert good["class"] == "Eagle3LlamaForCausalLM"
+    assert {f.status for f in findings_from(good, "vllm 0.32.0")} == {"OK"}, good
+    assert good["wrote"]["d2t"] == [] and "d2t" not in good["dropped"]  # collected first, loaded at the end
+    (refused,) = findings_from(bad, "vllm 0.32.0")
+    assert refused.status == "MISMATCH" and "no module or parameter named 'draft_model'" in refused.message

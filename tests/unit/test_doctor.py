@@ -129,6 +129,24 @@ def test_deepseek_first_id_one_moves_the_list(tmp_path, kimi):
     assert "sglang-deepseek id 7 is out of range" in text(findings(refused, export=exp), "aux-ids")
 
 
+def test_the_kimi_k25_wrapper_target_numbers_through_its_language_model(tmp_path, kimi):
+    """--target on a Kimi-K2.5 wrapper checkpoint: the text facts from text_config, the numbering by the wrapper class."""
+    wrapper = tmp_path / "k25"
+    wrapper.mkdir()
+    (wrapper / "config.json").write_text(json.dumps({
+        "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+        "text_config": {**kimi, "model_type": "kimi_k2"}, "vision_config": {"vt_hidden_size": 32}}))
+    draft = make_draft(tmp_path / "d", kimi, schema="mla", aux_ids=[1, 3, 5])
+    found, context = examine(Request(draft=draft, serve="sglang", target=wrapper))
+    assert context["target"] == {"model_type": "kimi_k25", "architecture": "KimiK25ForConditionalGeneration",
+                                 "num_layers": 8, "hidden_size": 256, "vocab_size": 4096,
+                                 "sources": [f"target {wrapper}"]}
+    msg = text(found, "aux-ids")
+    assert "will capture b2,b4,b6" in msg and "KimiK25ForConditionalGeneration.set_eagle3_layers_to_capture" in msg
+    found, _ = examine(Request(draft=draft, serve="vllm", target=wrapper))
+    assert "will capture b1,b3,b5" in text(found, "aux-ids")
+
+
 def test_sglang_ignores_top_level_ids_and_captures_its_defaults(tmp_path, llama, models_root):
     run = run_dir(tmp_path / "run", points=["b1", "b3", "b5", "b6", "final_norm"])
     draft = make_draft(tmp_path / "d", llama, aux_ids=[0, 2, 4], ids_at="top")

@@ -44,6 +44,9 @@ def train(export_dir: Path, result_dir: Path, verifier: Path, num_samples: int) 
     sidecar = json.loads((export_dir / "export.json").read_text())
     aux_ids = sidecar["serving"]["vllm"]["aux_layer_ids"]
     config = AutoConfig.from_pretrained(verifier)
+    # the draft's decoder stack is built from this config's layer count: one layer, as speculators' train CLI builds
+    # it (create_transformer_layer_config(num_layers=...)) and as the servers' EAGLE-3 draft classes expect
+    config.num_hidden_layers = 1
     model = Eagle3DraftModel.from_training_args(
         config, verifier_name_or_path=str(verifier), draft_vocab_size=config.vocab_size, norm_before_residual=True,
         ttt_steps=2, target_layer_ids=aux_ids, draft_attn_impl="sdpa").to(torch.float32)
