@@ -15,7 +15,6 @@ from pipeline.drafts.checkpoint import read_draft
 from pipeline.drafts.load import findings_from, run_probe
 from pipeline.drafts.serving import view
 from pipeline.points import PointError, family_of, from_native, numbering_for
-from tests.helpers.cli import cli
 from tests.helpers.drafts import make_draft
 from tests.helpers.markers import SGLANG_PYTHON, VLLM_PYTHON, needs_sglang, needs_vllm
 
@@ -86,38 +85,30 @@ def test_vllm_numbering_and_the_ids_it_reads_from_a_draft(tmp_path, models_root)
     assert got["drafts"][str(drafts["both"])] == [1, 3, 5]  # the top level wins over eagle_config
 
 
-def _doctor(*args: str):
-    proc = cli("pipeline.doctor", *args)
-    assert proc.returncode in (0, 1), proc.stderr[-3000:]
-    return proc.returncode, proc.stdout
-
-
 @needs_sglang
-def test_a_misnamed_draft_is_caught_by_sglangs_own_loader(tmp_path, models_root):
-    """A trainer that saved its decoder layer under a wrapper's prefix: SGLang drops it without a word."""
-    llama = json.loads((models_root / "tiny-llama" / "config.json").read_text())
-    bad = make_draft(tmp_path / "bad", llama, aux_ids=[0, 2, 4], prefix="draft_model.midlayer")
-    rc, out = _doctor("--draft", str(bad), "--serve", "sglang", "--target", str(models_root / "tiny-llama"))
-    assert rc == 1 and "LlamaForCausalLMEagle3.load_weights dropped 10 checkpoint tensors" in out, out
-    assert "left 7 parameters uninitialised: model.layers.0.self_attn.qkv_proj.weight" in out
-
-
-@needs_sglang
-def test_llama_and_mla_drafts_load_into_sglangs_classes(tmp_path, models_root):
-    """One probe for both (one SGLang start-up): midlayer.* into LlamaForCausalLMEagle3, the MLA draft for Kimi
-    (layers.0.*, q_a_proj and kv_a_proj_with_mqa fused by the class) into Eagle3DeepseekV2ForCausalLM."""
+def test_sglangs_own_loader_loads_llama_and_mla_drafts_and_catches_a_misnamed_one(tmp_path, models_root):
+    """One probe for all three (one SGLang start-up): midlayer.* into LlamaForCausalLMEagle3; the MLA draft for Kimi
+    (layers.0.*, q_a_proj and kv_a_proj_with_mqa fused by the class) into Eagle3DeepseekV2ForCausalLM; a decoder layer
+    saved under a wrapper's prefix, which SGLang drops without a word. (The doctor's CLI runs this probe end to end in
+    tests/exports/test_doctor.py.)"""
     llama = json.loads((models_root / "tiny-llama" / "config.json").read_text())
     kimi = json.loads((models_root / "tiny-kimi-bf16" / "config.json").read_text())
     drafts = [make_draft(tmp_path / "llama", llama, aux_ids=[0, 2, 4], draft_vocab=1024),
-              make_draft(tmp_path / "mla", kimi, schema="mla", aux_ids=[0, 4, 7], draft_vocab=1024)]
-    results = run_probe("sglang", *drafts)
-    assert [r["class"] for r in results] == ["LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM"]
-    for result in results:
+              make_draft(tmp_path / "mla", kimi, schema="mla", aux_ids=[0, 4, 7], draft_vocab=1024),
+              make_draft(tmp_path / "bad", llama, aux_ids=[0, 2, 4], prefix="draft_model.midlayer")]
+    good, mla, bad = run_probe("sglang", *drafts)
+    assert [r["class"] for r in (good, mla, bad)] == ["LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM",
+                                                      "LlamaForCausalLMEagle3"]
+    for result in (good, mla):
         found = {f.status: f.message for f in findings_from(result, "sglang 0.5.23")}
         assert set(found) == {"OK"}, found
         assert result["dropped"] == ["t2d"] and result["uninitialised"] == ["model.embed_tokens.weight"]
-    fused = results[1]["wrote"]["layers.0.self_attn.q_a_proj.weight"]
-    assert fused == ["model.midlayer.self_attn.fused_qkv_a_proj_with_mqa.weight"]
+    assert mla["wrote"]["layers.0.self_attn.q_a_proj.weight"] == [
+        "model.midlayer.self_attn.fused_qkv_a_proj_with_mqa.weight"]
+    dropped, uninitialised = findings_from(bad, "sglang 0.5.23")
+    assert dropped.status == uninitialised.status == "MISMATCH"
+    assert "LlamaForCausalLMEagle3.load_weights dropped 10 checkpoint tensors" in dropped.message
+    assert "left 7 parameters uninitialised: model.layers.0.self_attn.qkv_proj.weight" in uninitialised.message
 
 
 @needs_vllm
