@@ -10,10 +10,12 @@ import pytest
 
 from pipeline import doctor
 from pipeline.drafts.examine import Request, examine
+from pipeline.drafts.load import check_weights
 from pipeline.points import numbering_for
 from pipeline.shards import layout
 from pipeline.shards.manifest import write_manifest
 from tests.helpers.drafts import make_draft
+from tests.helpers.markers import needs_sglang
 
 SGLANG_ARGS = "--speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 " \
               "--speculative-num-draft-tokens 4"
@@ -336,3 +338,12 @@ def test_bad_inputs_are_named_with_exit_2(tmp_path, llama, models_root, capsys):
     assert "name the target" in _usage(capsys, "--draft", str(draft), "--serve", "sglang")
     assert "does not exist" in _usage(capsys, "--draft", str(draft), "--serve", "sglang",
                                       "--export", str(tmp_path / "nowhere"))
+
+
+@needs_sglang
+def test_no_load_proof_is_claimed_for_another_version(tmp_path, llama, models_root):
+    draft = make_draft(tmp_path / "d", llama, aux_ids=[0, 2, 4])
+    found, _ = examine(Request(draft=draft, serve="sglang", target=models_root / "tiny-llama", serve_version="0.6.0"),
+                       weights=check_weights)
+    assert status(found, "weights") == {"WARN"}
+    assert "loaded by sglang 0.5.23 (installed here), not sglang 0.6.0" in text(found, "weights")
