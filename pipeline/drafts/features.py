@@ -67,7 +67,10 @@ def check_aux_ids(draft: Draft, view: ServerView, target: Target) -> list[Findin
                            f"{view.numbering.versions[-1]}'s ({view.numbering.source}); verify it with "
                            "python -m pipeline.diff on this version before serving"))
     if served is None:
-        out.append(Finding("MISMATCH", "aux-ids", f"{name} refuses the draft's aux ids: {how}"))
+        then = ("it raises at the first forward" if view.framework == "sglang" else
+                "its forward never reaches that layer index and captures fewer states than the draft takes")
+        out.append(Finding("MISMATCH", "aux-ids", f"{name} cannot capture what the draft's aux ids name ({then}): "
+                           f"{how}"))
         return out
     trained, where = trained_points(target.features, draft.fc_in // draft.input_width if draft.fc_in else None,
                                     target.num_layers)
@@ -148,18 +151,20 @@ def check_final_norm(draft: Draft, target: Target) -> Finding:
 def check_norm_output(draft: Draft) -> Finding:
     """`norm_output`: SGLang, vLLM and speculators feed the draft's post-norm state to its next step when true (EAGLE
     3.1), default false; SpecForge 0.2.0's draft reads the same key as whether its logits go through its norm (default
-    true) and always feeds the pre-norm state back (docs/engines.md#eagle-3-drafts-what-sglang-0523-and-vllm-032-read)."""
+    true) and always feeds the pre-norm state back
+    (docs/engines.md#eagle-3-drafts-what-sglang-0523-and-vllm-032-read)."""
     value = draft.layer_config.get("norm_output")
     if draft.format != "specforge":
-        return Finding("OK", "draft-norm", f"norm_output {bool(value)}: the same meaning in the trainer and the servers "
-                       "(true: the post-norm state feeds the next draft step)")
+        return Finding("OK", "draft-norm", f"norm_output {bool(value)}: the same meaning in the trainer and the "
+                       "servers (true: the post-norm state feeds the next draft step)")
     if value is None:
-        return Finding("OK", "draft-norm", "no norm_output: SpecForge trained normed logits and pre-norm feedback, what "
-                       "SGLang and vLLM serve by default")
+        return Finding("OK", "draft-norm", "no norm_output: SpecForge trained normed logits and pre-norm feedback, "
+                       "what SGLang and vLLM serve by default")
     if value:
-        return Finding("MISMATCH", "draft-norm", "config.json sets norm_output true: SpecForge 0.2.0 read it as 'logits "
-                       "through the draft's norm' and fed the pre-norm state to the next step, but the servers read "
-                       "it as 'feed the post-norm state to the next step'; remove norm_output from the served config")
-    return Finding("MISMATCH", "draft-norm", "config.json sets norm_output false: SpecForge 0.2.0 trained logits without "
-                   "the draft's final norm, but SGLang and vLLM always apply it before lm_head; retrain with "
+        return Finding("MISMATCH", "draft-norm", "config.json sets norm_output true: SpecForge 0.2.0 read it as "
+                       "'logits through the draft's norm' and fed the pre-norm state to the next step, but the servers "
+                       "read it as 'feed the post-norm state to the next step'; remove norm_output from the served "
+                       "config")
+    return Finding("MISMATCH", "draft-norm", "config.json sets norm_output false: SpecForge 0.2.0 trained logits "
+                   "without the draft's final norm, but SGLang and vLLM always apply it before lm_head; retrain with "
                    "norm_output true (its default) and remove the key before serving")

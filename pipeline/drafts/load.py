@@ -67,8 +67,8 @@ def check_weights(draft: Draft, view: ServerView, target: Target) -> list[Findin
                         "--target MODEL_DIR to prove the weight names by loading the draft")]
     here = installed_version(view.framework)
     if here is not None and here != view.version:
-        return [Finding("WARN", "weights", f"the draft would be loaded by {view.framework} {here} (installed here), not "
-                        f"{name}: weight names not proven for {name}")]
+        return [Finding("WARN", "weights", f"the draft would be loaded by {view.framework} {here} (installed here), "
+                        f"not {name}: weight names not proven for {name}")]
     try:
         (result,) = run_probe(view.framework, draft.path, target_dir=target.model_dir)
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:

@@ -91,7 +91,8 @@ def make_draft(path: Path, target_config: dict, *, schema: str = "specforge", au
                   "architectures": ["Eagle3DeepseekV2ForCausalLM"], "draft_vocab_size": dvocab,
                   "tie_word_embeddings": False}
     else:
-        config = {**layer, "model_type": "llama", "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": dvocab}
+        config = {**layer, "model_type": "llama", "architectures": ["LlamaForCausalLMEagle3"],
+                  "draft_vocab_size": dvocab}
     if schema != "speculators" and (eagle or ids_at == "eagle_config"):
         config["eagle_config"] = eagle
     if aux_ids is not None and ids_at in ("top", "both"):

@@ -132,7 +132,7 @@ def test_deepseek_first_id_one_moves_the_list(tmp_path, kimi):
 
 
 def test_the_kimi_k25_wrapper_target_numbers_through_its_language_model(tmp_path, kimi):
-    """--target on a Kimi-K2.5 wrapper checkpoint: the text facts from text_config, the numbering by the wrapper class."""
+    """--target on a Kimi-K2.5 wrapper checkpoint: text facts from text_config, the numbering by the wrapper class."""
     wrapper = tmp_path / "k25"
     wrapper.mkdir()
     (wrapper / "config.json").write_text(json.dumps({
@@ -303,7 +303,8 @@ def test_capture_kernels_against_serving_with_diff_figures(tmp_path, llama):
 # --- the CLI: lines, JSON, exit status, bad inputs ------------------------------------------------------------------
 
 def test_cli_lines_summary_and_exit_status(tmp_path, llama, models_root, capsys):
-    run = run_dir(tmp_path / "run", points=["b1", "b3", "b5", "b6", "final_norm"], model_path=models_root / "tiny-llama")
+    run = run_dir(tmp_path / "run", points=["b1", "b3", "b5", "b6", "final_norm"],
+                  model_path=models_root / "tiny-llama")
     draft = make_draft(tmp_path / "d", llama, aux_ids=[0, 2, 4], draft_vocab=1024)
     assert doctor.main(["--draft", str(draft), "--serve", "sglang", "--run", str(run), "--no-load",
                         "--server-args", SGLANG_ARGS + " --attention-backend sdpa"]) == 0

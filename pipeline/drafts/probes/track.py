@@ -1,8 +1,9 @@
 """Which checkpoint tensors a `load_weights` call wrote, and which parameters it left untouched (torch only: runs in
 the engine's environment, inside the probes).
 
-Every floating-point parameter is filled with NaN first (an integer one, vLLM's d2t table, with its lowest value). The weights iterator is wrapped: when the loader asks for
-tensor i+1 it has finished with tensor i, so the parameters whose NaN count fell in between were written by tensor i.
+Every floating-point parameter is filled with NaN first (an integer one, vLLM's d2t table, with its lowest value).
+The weights iterator is wrapped: when the loader asks for tensor i+1 it has finished with tensor i, so the parameters
+whose NaN count fell in between were written by tensor i.
 A tensor that wrote nothing at its own step may have been kept for later (MLA's q_a_proj is fused with
 kv_a_proj_with_mqa when both arrived); it counts as loaded when its values sit as a block of rows in a parameter that
 was written in blocks (a fused one) or after the iterator ran out (a loader that collects every tensor first, as

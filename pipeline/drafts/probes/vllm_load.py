@@ -64,7 +64,7 @@ def main(result: Path, target: str, drafts: list[str]) -> None:
                 with torch.no_grad():
                     get_model(vllm_config=config, model_config=draft_config)
                 results.append({"class": cls.__name__, **trackers[0].result()})
-            except Exception as exc:  # noqa: BLE001 vLLM refusing the checkpoint is the finding, named with its own words
+            except Exception as exc:  # noqa: BLE001 vLLM refusing the checkpoint is the finding, in its words
                 results.append({"class": cls.__name__, "refused": f"{type(exc).__name__}: {exc}"[:600]})
             finally:
                 cls.load_weights = original
