@@ -127,11 +127,14 @@ CONVENTIONS: dict[str, Convention] = {
         "sglang-deepseek", "SGLang 0.5.23 DeepSeek aux id k = boundary k, but every id +1 when the first id is 1",
         0, 0, 1, None),
     "speculators": Convention("speculators", "legacy worker: id k = after layer k = boundary k+1", 1, 1, 0, None),
+    "speculators-0.9": Convention(
+        "speculators-0.9", "speculators 0.9 eagle_aux_hidden_state_layer_ids: vLLM's ids, id k = boundary k "
+        "(N = last layer pre-norm)", 0, 0, 0, None),
     "specforge": Convention("specforge", "aux id k = boundary k+1 (as passed to SGLang Llama); post-norm target",
                             1, 1, 0, None),
     "trtllm": Convention("trtllm", "SaveHiddenStates id k = boundary k+1; -1 = post-norm", 1, 1, 0, -1),
 }
-FRAMEWORKS = ("canonical", "hf", "vllm", "sglang", "speculators", "specforge", "trtllm")
+FRAMEWORKS = ("canonical", "hf", "vllm", "sglang", "speculators", "speculators-0.9", "specforge", "trtllm")
 
 
 def convention_for(framework: str, family: str) -> Convention:
@@ -197,3 +200,71 @@ def resolve(values: Sequence[int | str], *, convention: str, family: str, num_la
     ids = [v for v in values if v not in finals]
     points = from_native(ids, framework=convention, family=family, num_layers=num_layers)
     return canonical_order(points + [Point(None)] * len(finals))
+
+
+# --- which numbering a server or trainer applies: by framework, version and model class ----------------------------
+# A row names the versions whose source it was read from and, where a model class numbers its own way (a wrapper that
+# delegates to its language model), that class; otherwise it applies to a model family. Every server here captures the
+# boundaries DEFAULT_AUX (2, N//2, N-3: SGLang sets layers_to_capture to them, vLLM's
+# get_eagle3_default_aux_hidden_state_layers returns them) when the draft config names no ids it reads.
+
+
+@dataclass(frozen=True)
+class Numbering:
+    framework: str
+    versions: tuple[str, ...]  # the versions whose source this row was read from
+    family: str | None  # None: every family
+    architectures: tuple[str, ...]  # model classes this row is for; empty: any class of the family
+    convention: str  # key of CONVENTIONS
+    source: str  # where the numbering happens, in the framework's code
+
+
+NUMBERINGS: tuple[Numbering, ...] = (
+    Numbering("sglang", ("0.5.23",), "llama", (), "sglang-llama",
+              "LlamaForCausalLM.set_eagle3_layers_to_capture: layers_to_capture = [id + 1]"),
+    Numbering("sglang", ("0.5.23",), "deepseek", (), "sglang-deepseek",
+              "DeepseekV2ForCausalLM.set_eagle3_layers_to_capture: ids as given, all +1 when the first id is 1"),
+    Numbering("sglang", ("0.5.23",), "deepseek", ("KimiK25ForConditionalGeneration",), "sglang-deepseek",
+              "KimiK25ForConditionalGeneration.set_eagle3_layers_to_capture delegates to language_model "
+              "(DeepseekV2ForCausalLM): ids as given, all +1 when the first id is 1"),
+    Numbering("vllm", ("0.32.0",), None, (), "vllm",
+              "SupportsEagle3.set_aux_hidden_state_layers: id k = residual stream after k layers"),
+    Numbering("vllm", ("0.32.0",), "deepseek", ("KimiK25ForConditionalGeneration",), "vllm",
+              "KimiK25ForConditionalGeneration.set_aux_hidden_state_layers delegates to language_model "
+              "(DeepseekV2ForCausalLM): id k = boundary k"),
+    Numbering("speculators", ("0.9.0",), None, (), "speculators-0.9",
+              "Eagle3SpeculatorConfig.eagle_aux_hidden_state_layer_ids (models/utils.resolve_target_layer_ids)"),
+)
+
+
+def default_aux_boundaries(num_layers: int) -> list[Point]:
+    """What SGLang 0.5.23 and vLLM 0.32 capture when a draft config names no aux ids they read."""
+    return [Point(b) for b in (2, num_layers // 2, num_layers - 3)]
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+
+
+def numbering_for(framework: str, *, model_type: str, architecture: str | None = None,
+                  version: str | None = None) -> tuple[Numbering, bool]:
+    """The row that applies, and whether `version` is one it was read from (False: the nearest older version's row,
+    or the oldest when `version` predates every row: a claim to verify, not a fact)."""
+    family = family_of(model_type)
+    rows = [r for r in NUMBERINGS if r.framework == framework and r.family in (None, family)]
+    if not rows:
+        known = sorted({r.framework for r in NUMBERINGS})
+        raise PointError(f"no serving numbering for {framework!r}; known: {', '.join(known)}")
+    by_class = [r for r in rows if architecture and architecture in r.architectures]
+    rows = by_class or [r for r in rows if not r.architectures]
+    if version is None:
+        exact = []
+    else:
+        exact = [r for r in rows if any(_version_key(v) == _version_key(version) for v in r.versions)]
+    if exact:
+        return exact[0], True
+    want = _version_key(version) if version else (1 << 30,)
+    older = [r for r in rows if max(_version_key(v) for v in r.versions) <= want]
+    if older:
+        return max(older, key=lambda r: max(_version_key(v) for v in r.versions)), False
+    return min(rows, key=lambda r: min(_version_key(v) for v in r.versions)), False

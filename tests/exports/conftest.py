@@ -80,3 +80,22 @@ def resumed_run(tmp_path_factory, llama_run) -> Path:
 @pytest.fixture(scope="session")
 def runs(llama_run, kimi_run, resumed_run) -> dict[str, Path]:
     return {"llama": llama_run, "kimi": kimi_run, "resumed": resumed_run}
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory, llama_run, models_root):
+    """trained(fmt) -> (export dir, result.json, draft dir): the Llama run exported in `fmt` and one optimisation step
+    of that trainer's own EAGLE-3 draft on 3 of its samples, the draft saved by the trainer's own save_pretrained.
+    Each format is trained once per session (the training test and the doctor's end-to-end test share it)."""
+    done: dict[str, tuple[Path, dict, Path]] = {}
+
+    def _trained(fmt: str) -> tuple[Path, dict, Path]:
+        if fmt not in done:
+            root = tmp_path_factory.mktemp(f"trained-{fmt}")
+            proc = cli("pipeline.export", str(llama_run), "--format", fmt, "--out", str(root / "export"))
+            assert proc.returncode == 0, proc.stderr
+            result, _ = trainer(fmt, "train", root / "export", root / "result", str(models_root / "tiny-llama"), "3")
+            done[fmt] = (root / "export", result, root / "result" / "draft")
+        return done[fmt]
+
+    return _trained

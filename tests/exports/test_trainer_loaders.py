@@ -88,9 +88,9 @@ def test_specforge_offline_dataset_reads_every_sample_bit_equal(name, runs, tmp_
 
 
 @pytest.mark.parametrize("fmt", ["speculators", "specforge"])
-def test_one_optimisation_step_of_the_trainers_own_eagle3_draft(fmt, llama_run, models_root, tmp_path):
-    _export(llama_run, tmp_path / "export", fmt)
-    result, _ = trainer(fmt, "train", tmp_path / "export", tmp_path / "result", str(models_root / "tiny-llama"), "3")
+def test_one_optimisation_step_of_the_trainers_own_eagle3_draft(fmt, trained):
+    _, result, draft = trained(fmt)
+    assert (draft / "config.json").is_file()  # saved by the trainer's own save_pretrained (tests/exports/test_doctor.py)
     assert result["num_samples"] == 3
     assert torch.isfinite(torch.tensor([result["loss"], result["loss_after"]])).all(), result
     assert result["params_changed"] > 0 and result["loss_after"] < result["loss"], result

@@ -9,7 +9,9 @@ SpecForge's own classes.
         s{i}.train_loss_mask as OfflineEagle3Dataset gives them) and RESULT_DIR/result.json
     python specforge_driver.py train EXPORT_DIR RESULT_DIR VERIFIER_DIR NUM_SAMPLES
         one optimisation step of SpecForge's own EAGLE-3 draft (LlamaForCausalLMEagle3 in OnlineEagle3Model, driven by
-        Eagle3TrainStrategy with its TargetHead, target_repr="hidden_state" as offline training runs) on CPU
+        Eagle3TrainStrategy with its TargetHead, target_repr="hidden_state" as offline training runs) on CPU; the
+        trained draft is saved with its own save_pretrained to RESULT_DIR/draft, its eagle_config naming the export's
+        aux slots in SGLang's numbering (the sidecar's serving ids, what a user serving it with SGLang writes)
 """
 from __future__ import annotations
 
@@ -76,8 +78,10 @@ def train(export_dir: Path, result_dir: Path, verifier: Path, num_samples: int) 
 
     torch.manual_seed(0)
     target = json.loads((verifier / "config.json").read_text())
+    sglang_ids = json.loads((export_dir / "export.json").read_text())["serving"]["sglang"]["aux_layer_ids"]
     config = LlamaConfig(**{**target, "num_hidden_layers": 1, "draft_vocab_size": target["vocab_size"],
-                            "architectures": ["LlamaForCausalLMEagle3"]})
+                            "architectures": ["LlamaForCausalLMEagle3"],
+                            "eagle_config": {"eagle_aux_hidden_state_layer_ids": sglang_ids}})
     dataset = OfflineEagle3Dataset(list_local_files(str(export_dir)), max_len=1 << 20)
     dtype = dataset[0]["hidden_state"].dtype  # the draft computes in the export's dtype, as SpecForge trains
     draft = LlamaForCausalLMEagle3(config, attention_backend="sdpa").to(dtype)
@@ -98,6 +102,7 @@ def train(export_dir: Path, result_dir: Path, verifier: Path, num_samples: int) 
     with torch.no_grad():
         loss_after = loss_over_samples()
     changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, params))
+    draft.save_pretrained(str(result_dir / "draft"))
     (result_dir / "result.json").write_text(json.dumps({
         "loss": float(loss.detach()), "loss_after": float(loss_after), "params_changed": changed,
         "params": len(params), "dtype": str(dtype), "num_samples": num_samples}))

@@ -6,7 +6,8 @@
         and RESULT_DIR/result.json (row count, shapes, dtypes)
     python speculators_driver.py train EXPORT_DIR RESULT_DIR VERIFIER_DIR NUM_SAMPLES
         one optimisation step of speculators' own Eagle3DraftModel on the first rows, on CPU; writes result.json
-        (loss before and after, number of parameters changed)
+        (loss before and after, number of parameters changed) and the trained draft with its own save_pretrained to
+        RESULT_DIR/draft
 """
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ def train(export_dir: Path, result_dir: Path, verifier: Path, num_samples: int) 
     sidecar = json.loads((export_dir / "export.json").read_text())
     aux_ids = sidecar["serving"]["vllm"]["aux_layer_ids"]
     config = AutoConfig.from_pretrained(verifier)
+    # the draft's decoder stack is built from this config's layer count: one layer, as speculators' train CLI builds
+    # it (create_transformer_layer_config(num_layers=...)) and as the servers' EAGLE-3 draft classes expect
+    config.num_hidden_layers = 1
     model = Eagle3DraftModel.from_training_args(
         config, verifier_name_or_path=str(verifier), draft_vocab_size=config.vocab_size, norm_before_residual=True,
         ttt_steps=2, target_layer_ids=aux_ids, draft_attn_impl="sdpa").to(torch.float32)
@@ -65,6 +69,7 @@ def train(export_dir: Path, result_dir: Path, verifier: Path, num_samples: int) 
     with torch.no_grad():
         _, loss_after, _ = model(**inputs, **train_kwargs)
     changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, params))
+    model.save_pretrained(str(result_dir / "draft"))
     (result_dir / "result.json").write_text(json.dumps({
         "loss": float(loss.detach()), "loss_after": float(loss_after), "params_changed": changed, "params": len(params),
         "batch_tokens": int(batch["input_ids"].shape[1]), "num_samples": num_samples}))

@@ -1,0 +1,63 @@
+"""`python -m pipeline.doctor --draft DRAFT_DIR --serve sglang|vllm [--run RUN_DIR | --export EXPORT_DIR]
+[--target MODEL_DIR] [--serve-version V] [--server-args "..."] [--json] [--no-load]`
+
+Will this server feed this drafter the features it was trained on? Compares an EAGLE-3 draft checkpoint and a
+serving setup with what the shards hold (pipeline/drafts/) and names every mismatch, one line per check:
+`OK|WARN|MISMATCH|ERROR <check> <sentence>`, a summary line last (`--json`: the same as one JSON document). The
+weight names are proven by loading the draft into the server's own draft class in the engine's environment on CPU
+(`--no-load` skips that).
+
+Exit status: 0 nothing is MISMATCH or ERROR; 1 something is; 2 usage errors (a missing or unreadable file, named).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from pipeline.drafts.checkpoint import DraftError
+from pipeline.drafts.examine import Request, examine
+from pipeline.drafts.flags import FlagsError
+from pipeline.drafts.load import check_weights, installed_version
+from pipeline.drafts.report import failed, render_json, render_text
+from pipeline.drafts.serving import SERVERS
+from pipeline.drafts.target import TargetError
+
+EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.doctor", description=__doc__.splitlines()[2])
+    parser.add_argument("--draft", required=True, type=Path, help="the draft checkpoint (config.json + safetensors)")
+    parser.add_argument("--serve", required=True, choices=SERVERS, help="the serving framework")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--run", type=Path, help="the run whose shards trained the drafter")
+    source.add_argument("--export", type=Path, help="the export the trainer read (its export.json)")
+    parser.add_argument("--target", type=Path, help="the target model directory (config.json)")
+    parser.add_argument("--serve-version", help="the serving framework's version (default: the one in its environment "
+                        "here, .venv-sglang / .venv-vllm; else SGLang 0.5.23, vLLM 0.32.0)")
+    parser.add_argument("--server-args", help="the serving command line's speculative flags, as pasted")
+    parser.add_argument("--json", action="store_true", help="one JSON document instead of lines")
+    parser.add_argument("--no-load", action="store_true", help="skip loading the draft in the engine's environment")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.run is None and args.export is None and args.target is None:
+        print("error: name the target: --run RUN_DIR, --export EXPORT_DIR or --target MODEL_DIR", file=sys.stderr)
+        return EXIT_USAGE
+    request = Request(draft=args.draft, serve=args.serve, run=args.run, export=args.export, target=args.target,
+                      serve_version=args.serve_version or installed_version(args.serve), server_args=args.server_args)
+    try:
+        findings, context = examine(request, weights=None if args.no_load else check_weights)
+    except (DraftError, TargetError, FlagsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(render_json(findings, context) if args.json else render_text(findings))
+    return EXIT_FOUND if failed(findings) else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
