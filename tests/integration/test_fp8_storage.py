@@ -53,8 +53,9 @@ def test_fp8_round_trip_stays_within_the_e4m3_bound_on_real_captures(runs):
             ref += x.pow(2).sum(dim=(0, 2), dtype=torch.float64)
     storage = json.loads((fp8_dir / "manifest.json").read_text())["storage"]
     measured = list(storage["rounding_rel_l2"].values())
-    # what the writer measured while encoding is what a reader gets against what the engine captured
-    assert measured == pytest.approx((err / ref).sqrt().tolist(), rel=1e-4)
+    # what the writer measured while encoding (on every 4th token) is what a reader gets against what the engine
+    # captured, over every token
+    assert measured == pytest.approx((err / ref).sqrt().tolist(), rel=2e-2)
     assert all(0 < x < 0.035 for x in measured), measured
 
 

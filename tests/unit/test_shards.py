@@ -100,9 +100,10 @@ def reader_value(run_dir, sample_id):
 
 def test_fp8_storage_refuses_non_finite_states(tmp_path):
     items = make_items([2], dtype=torch.bfloat16)
-    items[0][1].hidden_states_TPH[1, 0, 3] = float("inf")
-    with pytest.raises(ValueError, match="non-finite hidden states cannot be stored in float8_e4m3fn"):
-        write_shard(tmp_path, 0, items, points=POINTS, storage_dtype="float8_e4m3fn")
+    for bad in (float("inf"), float("nan")):
+        items[0][1].hidden_states_TPH[1, 0, 3] = bad
+        with pytest.raises(ValueError, match="non-finite hidden states cannot be stored in float8_e4m3fn"):
+            write_shard(tmp_path, 0, items, points=POINTS, storage_dtype="float8_e4m3fn")
 
 
 def test_write_shard_refuses_inconsistent_input(tmp_path):
