@@ -154,7 +154,7 @@ def write_shard(run_dir: Path, index: int, items: Sequence[Item], *, points: Seq
     _remove_stale_temps(paths)
     with atomic_path(paths["safetensors"]) as tmp:
         st_sha, stored = _write_safetensors(tmp, items, hidden_size=hidden_size, num_points=len(points),
-                                                   storage=storage, metadata=st_meta)
+                                            storage=storage, metadata=st_meta)
     with atomic_path(paths["parquet"]) as tmp:
         pq.write_table(_parquet_table(items), tmp)
     entry = ShardEntry(
