@@ -85,10 +85,11 @@ class Storage:
             raise ValueError(f"{self.dtype} states need their {layout.HIDDEN_SCALES}")
         return (stored_TPH.float() * scales_TP.float().unsqueeze(-1)).to(capture)
 
-    def encode(self, x_TPH: torch.Tensor, sums: tuple[torch.Tensor, torch.Tensor] | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def encode(self, x_TPH: torch.Tensor, sums: tuple[torch.Tensor, torch.Tensor] | None = None,
+               stride: int = ROUNDING_STRIDE) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(stored states, scales or None) of one sample's states, block by block; with `sums` (float64 [P] each),
-        the rounding error's (sum of squared error, sum of squared values) per point is added to them."""
+        the rounding error's (sum of squared error, sum of squared values) per point over every `stride`-th token
+        is added to them."""
         if not self.scaled:
             return x_TPH, None
         stored = torch.empty(x_TPH.shape, dtype=torch.float8_e4m3fn)
@@ -102,8 +103,8 @@ class Storage:
             scaled = block.to(SCALE_DTYPE).mul_(scale.reciprocal().unsqueeze(-1))  # |x / s| <= 448: nothing clips
             stored[rows] = q = scaled.to(torch.float8_e4m3fn)
             scales[rows] = scale
-            if sums is not None:  # every ROUNDING_STRIDE-th token: the measurement would cost more than the encoding
-                every = slice(None, None, ROUNDING_STRIDE)
+            if sums is not None:
+                every = slice(None, None, stride)
                 _add_rounding(sums, q[every], scaled[every], scale[every])
         return stored, scales
 
@@ -216,7 +217,7 @@ def rounding_rel_l2(x_TPH: torch.Tensor, storage: Storage) -> list[float]:
     figure the diff report shows beside the cross-engine divergence."""
     num_points = int(x_TPH.shape[1])
     sums = (torch.zeros(num_points, dtype=torch.float64), torch.zeros(num_points, dtype=torch.float64))
-    storage.encode(x_TPH, sums)
+    storage.encode(x_TPH, sums, stride=1)  # a probe is small: every token
     return _ratios(*sums) if storage.scaled else [0.0] * num_points
 
 

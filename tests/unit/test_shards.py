@@ -19,6 +19,7 @@ from pipeline.shards.manifest import (
 )
 from pipeline.shards.plan import plan_units
 from pipeline.shards.reader import RunReader
+from pipeline.shards.storage import choose, rounding_rel_l2
 from pipeline.shards.validate import capture_reject, check_capture
 from pipeline.shards.writer import ShardEntry, completed_shard, write_shard
 from tests.helpers.shards import (
@@ -275,3 +276,16 @@ def test_finished_files_are_readable_as_open_would_have_made_them(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {p.name: 0o666 & ~umask for p in files}
+
+
+def test_the_rounding_figure_is_the_relative_l2_of_the_dequantized_states():
+    gen = torch.Generator().manual_seed(0)
+    magnitudes = torch.logspace(-4, 3, 40).reshape(40, 1, 1)  # rows across seven orders of magnitude
+    x = (torch.randn(40, 3, 64, generator=gen) * magnitudes).to(torch.bfloat16)
+    storage = choose(x.dtype, "float8_e4m3fn")
+    stored, scales = storage.encode(x)
+    back, ref = stored.float() * scales.unsqueeze(-1), x.float()
+    want = ((back - ref).norm(dim=(0, 2)) / ref.norm(dim=(0, 2))).tolist()
+    assert rounding_rel_l2(x, storage) == pytest.approx(want, rel=1e-5)
+    assert all(0.01 < v < 0.04 for v in want)  # e4m3's 3 mantissa bits, whatever the row's magnitude
+    assert rounding_rel_l2(x, choose(x.dtype, None)) == [0.0, 0.0, 0.0]
