@@ -76,7 +76,7 @@ class RunReader:
             stored = json.loads(handle.metadata()[layout.META_POINTS])
             if stored != self.points:
                 raise ValueError(f"{self._tensor_files[shard].name}: points {stored} != manifest {self.points}")
-            found = from_metadata(handle.metadata().get(layout.META_STORAGE))
+            found = from_metadata(handle.metadata().get(layout.META_STORAGE), self.storage)
             if found != self.storage:
                 raise ValueError(f"{self._tensor_files[shard].name}: storage {found} != manifest {self.storage}")
             self._handles[shard] = handle

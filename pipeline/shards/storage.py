@@ -172,9 +172,15 @@ def of_manifest(manifest: Mapping[str, Any]) -> Storage:
     return parse(record)
 
 
-def from_metadata(text: str | None) -> Storage:
+def from_metadata(text: str | None, run: Storage) -> Storage:
+    """A shard's storage from its metadata. A shard written before storage was recorded (no key) stores its states
+    as captured: it agrees with a run that does, and never with an fp8 run (whose shards need their scales)."""
+    if text is None:
+        if run.scaled:
+            raise ValueError(f"no {layout.META_STORAGE} record, and the run stores {run.dtype} with scales")
+        return run
     try:
-        return parse(json.loads(text) if text is not None else None)
+        return parse(json.loads(text))
     except json.JSONDecodeError as e:
         raise ValueError(f"storage metadata is not JSON: {e}") from None
 

@@ -73,7 +73,7 @@ def _metadata_problems(name: str, meta: dict[str, str], expect: Expected) -> lis
     if points != expect.points:
         problems.append(f"{name}: metadata points {points} != manifest points {expect.points}")
     try:
-        storage = from_metadata(meta.get(layout.META_STORAGE))
+        storage = from_metadata(meta.get(layout.META_STORAGE), expect.storage)
     except ValueError as exc:
         problems.append(f"{name}: metadata storage: {exc}")
     else:

@@ -217,3 +217,15 @@ def test_plain_run_claiming_fp8_storage(tmp_path):
     make_run(tmp_path, [[3]], dtype=torch.bfloat16)
     _edit_manifest(tmp_path, lambda m: m["storage"].update(dtype="float8_e4m3fn", scaling="absmax_per_token_point"))
     assert verify_run(tmp_path) == ["manifest storage dtype 'float8_e4m3fn' != manifest dtype 'bfloat16'"]
+
+
+def test_a_run_written_before_storage_was_recorded_still_verifies(tmp_path):
+    make_run(tmp_path, [[3, 5]], dtype=torch.bfloat16)
+
+    def legacy(manifest):
+        manifest.pop("storage")
+        for shard in manifest["shards"]:
+            shard.pop("storage")
+            shard["num_saturated"] = 0
+    _edit_manifest(tmp_path, legacy)
+    assert verify_run(tmp_path) == []
