@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from pipeline.config import ConfigError, register_configs
 from pipeline.engines.base import EngineStartError
-from pipeline.run.gate import DiffGateError, describe
+from pipeline.run.gate import DiffGateError, describe, describe_storage
 from pipeline.run.job import NoValidRecords, run_extract
 from pipeline.run.lock import LockLost, OutDirBusy
 
@@ -62,7 +62,7 @@ def main(cfg: DictConfig) -> None:
           f"({summary.resumed_shards} finished earlier); {summary.num_rejects} rejected "
           f"(see rejects.parquet); {summary.num_truncated} truncated to data.max_length; {summary.seconds:.1f}s")
     print(f"capture points: {', '.join(summary.points)}")
-    for line in describe(summary.gate, summary.seconds):
+    for line in describe(summary.gate, summary.seconds) + describe_storage(summary.storage, summary.gate):
         print(line)
     print(f"check it with: python -m pipeline.verify {summary.out_dir}")
 

@@ -19,7 +19,13 @@ EXIT_SOUND, EXIT_PROBLEMS, EXIT_NOT_A_RUN = 0, 1, 2
 def _summary(run_dir: Path, manifest: dict) -> str:
     return (f"sound: {run_dir}: {len(manifest['shards'])} shard(s), {manifest['num_samples']} samples, "
             f"{manifest['num_tokens']} tokens, points {manifest['points']}, hidden_size {manifest['hidden_size']}, "
-            f"dtype {manifest['dtype']}")
+            f"dtype {manifest['dtype']}{_storage(manifest.get('storage'))}")
+
+
+def _storage(storage: dict | None) -> str:
+    if not storage or storage.get("dtype") == storage.get("capture_dtype"):
+        return ""
+    return f" (captured in {storage.get('capture_dtype')}, {storage.get('scaling')} scales; read back dequantized)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -70,6 +70,9 @@ class DiffResult:
     model: dict[str, Any] = field(default_factory=dict)
     thresholds: dict[str, Any] = field(default_factory=dict)  # per dtype, as configured
     seconds: dict[str, float] = field(default_factory=dict)
+    # runner.storage_dtype's rounding of each compared engine's states: {"dtype", "scaling", "rel_l2": {engine:
+    # {point: x}}}; None when states are stored as captured
+    storage: dict[str, Any] | None = None
 
 
 class Analysis:

@@ -13,7 +13,16 @@ from typing import Sequence
 from pipeline.compare.align import Alignment
 from pipeline.compare.analyze import DiffResult, PairResult
 from pipeline.compare.serialize import load
-from pipeline.compare.tables import ENGINE_HEADER, KIND_TITLE, POINT_HEADER, engine_rows, point_rows
+from pipeline.compare.tables import (
+    ENGINE_HEADER,
+    KIND_TITLE,
+    POINT_HEADER,
+    STORAGE_HEADER,
+    engine_rows,
+    point_rows,
+    storage_rows,
+    storage_title,
+)
 from pipeline.core.io import write_text_atomic
 
 _DPI = 72
@@ -214,6 +223,8 @@ def to_html(result: DiffResult) -> str:
     if result.warnings:
         out += ["<h2>Warnings</h2>", _list(result.warnings, "warn")]
     out += ["<h2>Engines</h2>", _table(ENGINE_HEADER, engine_rows(result))]
+    if result.storage:
+        out += [f"<h2>{html.escape(storage_title(result))}</h2>", _table(STORAGE_HEADER, storage_rows(result))]
     ref_pairs = [p for p in result.pairs if p.kind == "reference"]
     if ref_pairs:
         out += ["<h2>Overview</h2>", fig_overview(ref_pairs)]

@@ -2,7 +2,17 @@
 from __future__ import annotations
 
 from pipeline.compare.analyze import DiffResult
-from pipeline.compare.tables import ENGINE_HEADER, KIND_TITLE, POINT_HEADER, engine_rows, fmt, point_rows
+from pipeline.compare.tables import (
+    ENGINE_HEADER,
+    KIND_TITLE,
+    POINT_HEADER,
+    STORAGE_HEADER,
+    engine_rows,
+    fmt,
+    point_rows,
+    storage_rows,
+    storage_title,
+)
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -20,6 +30,8 @@ def to_markdown(result: DiffResult) -> str:
         if items:
             out += [f"## {title}", ""] + [f"- {x}" for x in items] + [""]
     out += ["## Engines", ""] + _md_table(ENGINE_HEADER, engine_rows(result)) + [""]
+    if result.storage:
+        out += [f"## {storage_title(result)}", ""] + _md_table(STORAGE_HEADER, storage_rows(result)) + [""]
     for al in result.alignments:
         out += [f"## Alignment: {al.engine} against {al.reference} ({al.status})", ""]
         out += _md_table(["claimed", "matched", "distance", "to claimed", "runner-up", "votes", "status"],

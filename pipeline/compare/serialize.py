@@ -64,6 +64,7 @@ def to_dict(result: DiffResult, *, config: dict[str, Any]) -> dict[str, Any]:
         "alignment": [dataclasses.asdict(a) for a in result.alignments],
         "anchors": [dataclasses.asdict(a) for a in result.anchors],
         "seconds": {k: round(v, 3) for k, v in result.seconds.items()},
+        "storage": result.storage,
     })
 
 
@@ -115,7 +116,8 @@ def from_dict(data: dict[str, Any]) -> DiffResult:
                       alignments=[_alignment_from(a) for a in data["alignment"]],
                       anchors=[_revive(AnchorCheck, a) for a in data["anchors"]],
                       failures=data["failures"], warnings=data["warnings"], probe=data["probe"], model=data["model"],
-                      thresholds=data["config"].get("thresholds", {}), seconds=data["seconds"])
+                      thresholds=data["config"].get("thresholds", {}), seconds=data["seconds"],
+                      storage=data.get("storage"))
 
 
 def load(report_dir: Path) -> DiffResult:

@@ -66,7 +66,8 @@ def run_diff(dcfg: DictConfig) -> DiffOutcome:
         log.info("probing %s (%s) with %d samples, %d tokens", run.label, run.role, len(samples),
                  sum(s.num_tokens for s in samples))
         probe_engine(run, samples, cfg.diff.probe, num_layers=model.num_layers, hidden_size=model.hidden_size)
-    result = compare(runs, reference=runs[0].label, model=model, samples=samples, cfg=cfg.diff)
+    result = compare(runs, reference=runs[0].label, model=model, samples=samples, cfg=cfg.diff,
+                     storage_dtype=cfg.runner.storage_dtype)
     t0 = time.perf_counter()
     result.seconds["engines"] = sum(r.seconds.get("total", 0.0) for r in runs)
     write_report(result, out_dir, config=report_config(cfg.diff, command="pipeline.diff"), html=cfg.diff.html)

@@ -45,6 +45,28 @@ def engine_rows(result: DiffResult) -> list[list[str]]:
     return rows
 
 
+def storage_rows(result: DiffResult) -> list[list[str]]:
+    """Per compared engine and point: the storage's rounding error beside the engine's divergence from the
+    reference (rel L2 both), and their ratio."""
+    storage = result.storage or {}
+    divergence = {p.b: p.points for p in result.pairs if p.kind == "reference"}
+    rows = []
+    for engine, figures in storage.get("rel_l2", {}).items():
+        for label, rounding in figures.items():
+            stats = divergence.get(engine, {}).get(label)
+            ratio = f"{rounding / stats.rel_l2:.2f}" if stats is not None and stats.rel_l2 > 0 else "-"
+            rows.append([engine, label, fmt(rounding), fmt(stats.rel_l2 if stats else None), ratio])
+    return rows
+
+
+def storage_title(result: DiffResult) -> str:
+    s = result.storage or {}
+    return (f"Storage rounding: runner.storage_dtype={s.get('dtype')} ({s.get('scaling')} scaling) against "
+            f"{result.reference}")
+
+
+STORAGE_HEADER = ["engine", "point", "storage rel L2", "divergence from the reference (rel L2)",
+                  "storage / divergence"]
 ENGINE_HEADER = ["engine", "role", "framework", "dtype", "quantization", "attention", "points", "time", "state"]
 
 

@@ -18,7 +18,7 @@ class ExportSample:
     sample_id: str
     input_ids: torch.Tensor  # [T] int64
     loss_mask: torch.Tensor  # [T] uint8 (the run's storage dtype)
-    hidden_TPH: torch.Tensor  # [T, P, H] every captured point, the run's dtype
+    hidden_TPH: torch.Tensor  # [T, P, H] every captured point, the capture dtype (fp8 storage dequantized)
 
     def slots(self, indices: Iterable[int]) -> torch.Tensor:
         """[T, len(indices), H]: a fresh contiguous tensor holding only the selected points, in the given order."""

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from pipeline.core.io import sha256_file, sha256_json, write_text_atomic
 from pipeline.exports.slots import ExportError, SlotPlan, TrainerLayout, serving_ids
 from pipeline.shards import layout as shard_layout
+from pipeline.shards.storage import of_manifest
 
 SIDECAR = "export.json"
 PLAN = ".export-plan.json"
@@ -32,15 +33,20 @@ def build(run_dir: Path, manifest: Mapping[str, Any], layout: TrainerLayout, pla
     """The sidecar's content; the driver adds `files` once they are written."""
     model = (manifest.get("provenance") or {}).get("model") or {}
     num_layers, model_type = model.get("num_layers"), model.get("model_type")
+    storage = of_manifest(manifest)  # the trainers read the states as the engine captured them
+    how = "captured by the run's engine, copied bit-exact" if not storage.scaled else \
+        f"captured by the run's engine, stored as {storage.dtype} ({storage.scaling}), dequantized to " \
+        f"{storage.capture_dtype}"
     slots = [{"slot": i, "role": "aux" if i < len(plan.aux) else "last", "point": p.label,
               "run_point_index": idx} for i, (p, idx) in enumerate(zip(plan.points, plan.indices))]
     return {
         "sidecar_version": SIDECAR_VERSION, **record, "plan_sha256": sha256_json(record),
-        "run_dir": str(Path(run_dir).resolve()), "run_points": manifest["points"], "dtype": manifest["dtype"],
+        "run_dir": str(Path(run_dir).resolve()), "run_points": manifest["points"], "dtype": storage.capture_dtype,
         "hidden_size": manifest["hidden_size"], "num_samples": manifest["num_samples"],
         "num_tokens": manifest["num_tokens"], "model": {"model_type": model_type, "num_layers": num_layers},
         "slots": slots, "last_state": {"point": plan.last.label, "why": layout.why_last,
-                                        "derived": False, "how": "captured by the run's engine, copied bit-exact"},
+                                        "derived": False, "how": how},
+        "storage": {**storage.to_dict(), "rounding_rel_l2": (manifest.get("storage") or {}).get("rounding_rel_l2")},
         "serving": serving_ids(plan, model_type=model_type, num_layers=num_layers),
         "pickle": layout.name == "specforge",
     }

@@ -112,7 +112,7 @@ class DiffGate:
         t1 = time.perf_counter()
         self.seconds["primary probe"] = t1 - t0
         result = compare([*self.runs, run], reference=self.others[0].label, model=self.model, samples=self.samples,
-                         cfg=c.diff)
+                         cfg=c.diff, storage_dtype=c.runner.storage_dtype)
         t2 = time.perf_counter()
         self.seconds["analysis"] = t2 - t1
         report_dir = self.out_dir / DIFF_DIR
@@ -171,3 +171,36 @@ def describe(outcome: GateOutcome, run_seconds: float) -> list[str]:
     lines = [f"diff gate: {outcome.status} (diff.gate={outcome.mode}) in {outcome.seconds:.1f}s = {share:.1%} of this "
              f"run ({parts}); {_where(outcome.report_dir) if outcome.report_dir else 'no report'}"]
     return lines + [f"  - {x}" for x in outcome.lines[:6]]
+
+
+def primary_divergence(outcome: GateOutcome) -> tuple[str, dict[str, float]] | None:
+    """(pair name, rel L2 per point) of the primary engine against the reference, as the gate measured it."""
+    result = outcome.result
+    primary = next((r.label for r in result.runs if r.role == "primary"), None) if result else None
+    pair = next((p for p in result.pairs if p.kind == "reference" and p.b == primary), None) if result else None
+    return None if pair is None else (pair.name, {k: s.rel_l2 for k, s in pair.points.items()})
+
+
+def describe_storage(storage: dict[str, Any] | None, outcome: GateOutcome) -> list[str]:
+    """What extract prints about storage: bytes on disk per token, and (fp8) the rounding error per point beside the
+    divergence between the engines the gate measured, so a user sees which one is larger."""
+    if not storage:
+        return []
+    dtype, capture = storage["dtype"], storage["capture_dtype"]
+    stored, captured = storage["hidden_bytes_per_token"], storage["capture_hidden_bytes_per_token"]
+    how = "as captured" if dtype == capture else f"{storage['scaling']} scaling, captured in {capture}: " \
+        f"{stored / captured:.2f}x of {captured:,.0f} B/token"
+    lines = [f"storage: hidden states {dtype}, {stored:,.0f} B/token on disk ({how}); shard files "
+             f"{storage['shard_bytes_per_token']:,.0f} B/token"]
+    if dtype == capture:
+        return lines
+    diverged = primary_divergence(outcome)
+    lines.append("  storage rounding (rel L2, read back vs captured)" + (
+        f" beside the engines' divergence ({diverged[0]}, diff gate)" if diverged else " (diff gate off: no "
+        "engine divergence measured)") + ":")
+    for point, rounding in storage["rounding_rel_l2"].items():
+        engines = diverged[1].get(point) if diverged else None
+        beside = "" if engines is None else f"  engines {engines:.2e}" + (
+            f"  ({rounding / engines:.2f}x)" if engines > 0 else "")
+        lines.append(f"    {point:>10}: storage {rounding:.2e}{beside}")
+    return lines

@@ -27,6 +27,7 @@ from pipeline.run.resolve import ResolvedRun, resolve_run
 from pipeline.shards.layout import FORMAT_VERSION, PREPARE_REJECTS, REJECTS_DIR
 from pipeline.shards.manifest import write_manifest
 from pipeline.shards.plan import plan_units
+from pipeline.shards.storage import run_record
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class RunSummary:
     capture_seconds: float  # units only: no engine start, no gate (what runners are compared on)
     gate: GateOutcome  # the diff gate's verdict, report directory and cost
     num_truncated: int = 0  # samples cut to data.max_length (data.length_policy=truncate) among those written
+    storage: dict[str, Any] | None = None  # the manifest's storage record: dtype, rounding error, bytes per token
 
 
 def _prepare(run: ResolvedRun) -> tuple[PreparedData, str | None]:
@@ -98,6 +100,9 @@ def _manifest(run: ResolvedRun, prov: dict[str, Any], results: list[UnitResult],
         "num_loss_tokens": sum(e.num_loss_tokens for e in entries),
         "num_truncated": sum(s.truncated and s.sample_id not in capture_rejected for s in prepared.samples),
         "shards": [e.to_dict() for e in entries],
+        "storage": run_record([e.storage for e in entries], [p.label for p in run.points],
+                              hidden_size=run.model.hidden_size, num_tokens=sum(e.num_tokens for e in entries),
+                              shard_bytes=sum(f["bytes"] for e in entries for f in e.files.values())),
         "rejects": {"total": len(rejects), "by_reason": dict(Counter(r.reason for r in rejects)),
                     "files": [PREPARE_REJECTS, f"{REJECTS_DIR}/"]},
         "provenance": prov,
@@ -161,4 +166,4 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
                       num_shards=len(manifest["shards"]), num_rejects=manifest["rejects"]["total"],
                       points=manifest["points"], resumed_shards=sum(r.skipped for r in results),
                       seconds=time.perf_counter() - started, capture_seconds=capture_seconds, gate=outcome,
-                      num_truncated=manifest["num_truncated"])
+                      num_truncated=manifest["num_truncated"], storage=manifest["storage"])

@@ -37,7 +37,28 @@ _KEPT = (LOCK_NAME, DIFF_DIR)  # the lock being held, and this run's own gate re
 
 
 def _changed(previous: dict, record: dict) -> list[str]:
-    return sorted(k for k in set(previous) | set(record) if previous.get(k) != record.get(k))
+    """The record's keys that differ; a changed config names its settings (at most 4), e.g.
+    `config (runner.storage_dtype: 'float8_e4m3fn' then, None now)`."""
+    out = []
+    for key in sorted(set(previous) | set(record)):
+        then, now = previous.get(key), record.get(key)
+        if then == now:
+            continue
+        settings = _settings(then, now, "") if isinstance(then, dict) and isinstance(now, dict) else []
+        shown = "; ".join(f"{k}: {a!r} then, {b!r} now" for k, a, b in settings[:4])
+        out.append(f"{key} ({shown}{'; ...' if len(settings) > 4 else ''})" if shown else key)
+    return out
+
+
+def _settings(then: dict, now: dict, prefix: str) -> list[tuple[str, object, object]]:
+    diffs = []
+    for key in sorted(set(then) | set(now), key=str):
+        a, b = then.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += _settings(a, b, f"{prefix}{key}.")
+        elif a != b:
+            diffs.append((f"{prefix}{key}", a, b))
+    return diffs
 
 
 def _foreign(out: Path) -> list[str]:

@@ -29,17 +29,21 @@ def run_owned(name: str) -> bool:
     return name in RUN_ROOT_NAMES or any(is_temp_of(name, n) for n in RUN_ROOT_NAMES)
 
 # Tensor names inside a shard's .safetensors file, in the order they are laid out: 8-byte types first so every tensor
-# starts on its natural alignment for zero-copy readers.
+# starts on its natural alignment for zero-copy readers. fp8 storage adds HIDDEN_SCALES [T, P] float32 right after
+# HIDDEN_STATES (pipeline/shards/storage.py; 4-byte aligned whenever T*P*H is a multiple of 4, as it is for every
+# hidden size a model has; the safetensors library copies a misaligned slice rather than failing).
 INPUT_IDS = "input_ids"
 SAMPLE_OFFSETS = "sample_offsets"
 HIDDEN_STATES = "hidden_states"
+HIDDEN_SCALES = "hidden_scales"
 LOSS_MASK = "loss_mask"
-TENSOR_NAMES = (INPUT_IDS, SAMPLE_OFFSETS, HIDDEN_STATES, LOSS_MASK)
+TENSOR_NAMES = (INPUT_IDS, SAMPLE_OFFSETS, HIDDEN_STATES, LOSS_MASK)  # hidden states stored as captured
 
 # Safetensors metadata keys the writer owns; caller metadata may not override them.
 META_POINTS = "points"
 META_FORMAT_VERSION = "format_version"
-RESERVED_METADATA = (META_POINTS, META_FORMAT_VERSION)
+META_STORAGE = "storage"  # {"dtype", "capture_dtype", "scaling"} as JSON (pipeline/shards/storage.py)
+RESERVED_METADATA = (META_POINTS, META_FORMAT_VERSION, META_STORAGE)
 
 PARQUET_COLUMNS = ("sample_id", "source", "row", "offset", "num_tokens", "num_loss_tokens", "truncated",
                    "token_digest")

@@ -2,7 +2,8 @@
 
 The id -> (shard, offset, length) index comes from the small Parquet files; tensors come from the safetensors files
 through `safe_open(..., framework="pt")` + `get_slice`, which memory-maps the file and copies out only the rows
-asked for, so reading one sample never reads a whole shard.
+asked for, so reading one sample never reads a whole shard. Hidden states come back in the dtype the engine captured
+them in: fp8-stored states are dequantized with their scales (pipeline/shards/storage.py) unless `decode=False`.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from safetensors import safe_open
 
 from pipeline.shards import layout
 from pipeline.shards.manifest import read_manifest
+from pipeline.shards.storage import from_metadata, of_manifest
 from pipeline.shards.writer import ShardEntry
 
 
@@ -36,10 +38,13 @@ def _file_of(entry: ShardEntry, suffix: str) -> str:
 class RunReader:
     """Read samples of a finished run directory. Use as a context manager, or call `close()`."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, *, decode: bool = True) -> None:
+        """decode=False: hidden states as stored (fp8 states then come with their `hidden_scales` [T, P])."""
         self.run_dir = Path(run_dir)
         self.manifest = read_manifest(self.run_dir)
         self.points: list[str] = list(self.manifest["points"])
+        self.storage = of_manifest(self.manifest)
+        self.decode = decode
         self.entries = [ShardEntry.from_dict(e) for e in self.manifest["shards"]]
         self._tensor_files = [self.run_dir / _file_of(e, ".safetensors") for e in self.entries]
         self._index: dict[str, _Location] = {}
@@ -71,6 +76,9 @@ class RunReader:
             stored = json.loads(handle.metadata()[layout.META_POINTS])
             if stored != self.points:
                 raise ValueError(f"{self._tensor_files[shard].name}: points {stored} != manifest {self.points}")
+            found = from_metadata(handle.metadata().get(layout.META_STORAGE), self.storage)
+            if found != self.storage:
+                raise ValueError(f"{self._tensor_files[shard].name}: storage {found} != manifest {self.storage}")
             self._handles[shard] = handle
         return self._handles[shard]
 
@@ -81,16 +89,20 @@ class RunReader:
             raise KeyError(f"sample_id {sample_id!r} is not in run {self.run_dir}") from None
 
     def __getitem__(self, sample_id: str) -> dict[str, Any]:
-        """{"sample_id", "hidden_states" [T, P, H], "input_ids" [T] int64, "loss_mask" [T] uint8}."""
+        """{"sample_id", "hidden_states" [T, P, H] (the capture dtype), "input_ids" [T] int64, "loss_mask" [T] uint8};
+        with decode=False the stored hidden states, and fp8 storage's "hidden_scales" [T, P] float32."""
         loc = self._location(sample_id)
         handle = self._handle(loc.shard)
         rows = slice(loc.offset, loc.offset + loc.num_tokens)
-        return {
-            "sample_id": sample_id,
-            "hidden_states": handle.get_slice(layout.HIDDEN_STATES)[rows],
-            "input_ids": handle.get_slice(layout.INPUT_IDS)[rows],
-            "loss_mask": handle.get_slice(layout.LOSS_MASK)[rows],
-        }
+        stored = handle.get_slice(layout.HIDDEN_STATES)[rows]
+        scales = handle.get_slice(layout.HIDDEN_SCALES)[rows] if self.storage.scaled else None
+        out = {"sample_id": sample_id,
+               "hidden_states": self.storage.decode(stored, scales) if self.decode else stored,
+               "input_ids": handle.get_slice(layout.INPUT_IDS)[rows],
+               "loss_mask": handle.get_slice(layout.LOSS_MASK)[rows]}
+        if scales is not None and not self.decode:
+            out["hidden_scales"] = scales
+        return out
 
     def tokens(self, sample_id: str) -> dict[str, Any]:
         """{"input_ids" [T] int64, "loss_mask" [T] uint8} of one sample, without touching its hidden states."""

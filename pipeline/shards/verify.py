@@ -17,6 +17,7 @@ from pipeline.core.io import sha256_file
 from pipeline.provenance import compact
 from pipeline.shards import layout
 from pipeline.shards.manifest import ManifestError, read_manifest
+from pipeline.shards.storage import of_manifest, parse
 from pipeline.shards.verify_claims import (
     provenance_problems,
     reject_problems,
@@ -46,9 +47,16 @@ def _expected(manifest: dict[str, Any]) -> tuple[Expected | None, list[str]]:
         problems.append(f"manifest dtype={dtype!r} is not one of {', '.join(layout.HIDDEN_DTYPES)}")
     if not isinstance(manifest["shards"], list):
         problems.append(f"manifest shards is a {type(manifest['shards']).__name__}, not a list")
+    try:
+        storage = of_manifest(manifest)
+    except ValueError as exc:
+        problems.append(f"manifest storage: {exc}")
+    else:
+        if storage.dtype != dtype:
+            problems.append(f"manifest storage dtype {storage.dtype!r} != manifest dtype {dtype!r}")
     if problems:
         return None, problems
-    return Expected(points=points, hidden_size=hidden_size, dtype=dtype,
+    return Expected(points=points, hidden_size=hidden_size, dtype=dtype, storage=storage,
                     provenance=_shard_provenance(manifest.get("provenance"))), []
 
 
@@ -78,10 +86,26 @@ def _entries(manifest: dict[str, Any], expect: Expected) -> tuple[list[ShardEntr
             problems.append(f"{entry.name}: dtype {entry.dtype!r} != manifest dtype {expect.dtype!r}")
         if entry.points != expect.points:
             problems.append(f"{entry.name}: points {entry.points} != manifest points {expect.points}")
+        problems += _entry_storage_problems(entry, expect)
         entries.append(entry)
     names = [e.name for e in entries]
     problems += [f"shard {n} is listed {names.count(n)} times" for n in sorted(set(names)) if names.count(n) > 1]
     return entries, problems
+
+
+def _entry_storage_problems(entry: ShardEntry, expect: Expected) -> list[str]:
+    if not entry.storage and not expect.storage.scaled:
+        return []  # an entry written before storage was recorded: states stored as captured
+    try:
+        storage = parse(entry.storage)
+    except ValueError as exc:
+        return [f"{entry.name}: storage: {exc}"]
+    if storage != expect.storage:
+        return [f"{entry.name}: storage {storage.to_dict()} != manifest storage {expect.storage.to_dict()}"]
+    sums = [entry.storage.get(k) for k in ("sq_err", "sq_ref")] if storage.scaled else []
+    if any(not (isinstance(v, list) and len(v) == len(expect.points)) for v in sums):
+        return [f"{entry.name}: storage rounding sums are not one number per point"]
+    return []
 
 
 def _outside(run_dir: Path, entry: ShardEntry) -> tuple[set[str], list[str]]:

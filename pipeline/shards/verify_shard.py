@@ -16,6 +16,7 @@ import torch
 
 from pipeline.core.stfile import TensorInfo, read_header, read_range
 from pipeline.shards import layout
+from pipeline.shards.storage import SCALE_DTYPE, Storage, from_metadata
 from pipeline.shards.writer import ShardEntry
 
 _CHUNK_ELEMENTS = 8 << 20  # hidden-state values per finiteness chunk (32 MiB once widened to float32)
@@ -29,6 +30,7 @@ class Expected:
     points: list[str]
     hidden_size: int
     dtype: str
+    storage: Storage
     provenance: dict[str, str] | None = None  # the shard metadata the manifest's provenance implies (None: no record)
 
 
@@ -38,14 +40,17 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 def _header_problems(name: str, infos: dict[str, TensorInfo], meta: dict[str, str], entry: ShardEntry,
                      expect: Expected) -> list[str]:
-    if sorted(infos) != sorted(layout.TENSOR_NAMES):
-        return [f"{name}: tensors {sorted(infos)} != expected {sorted(layout.TENSOR_NAMES)}"]
+    names = expect.storage.tensor_names
+    if sorted(infos) != sorted(names):
+        return [f"{name}: tensors {sorted(infos)} != expected {sorted(names)} ({expect.storage.dtype} storage)"]
     hidden_dtype, hidden_code = layout.HIDDEN_DTYPES[expect.dtype]
-    num_tokens, num_samples = entry.num_tokens, entry.num_samples
-    want = {layout.HIDDEN_STATES: (hidden_code, (num_tokens, len(expect.points), expect.hidden_size), hidden_dtype),
+    num_tokens, num_samples, num_points = entry.num_tokens, entry.num_samples, len(expect.points)
+    want = {layout.HIDDEN_STATES: (hidden_code, (num_tokens, num_points, expect.hidden_size), hidden_dtype),
             layout.INPUT_IDS: ("I64", (num_tokens,), torch.int64),
             layout.LOSS_MASK: ("U8", (num_tokens,), torch.uint8),
             layout.SAMPLE_OFFSETS: ("I64", (num_samples + 1,), torch.int64)}
+    if expect.storage.scaled:
+        want[layout.HIDDEN_SCALES] = ("F32", (num_tokens, num_points), SCALE_DTYPE)
     problems = []
     for tensor, (code, shape, dtype) in want.items():
         info = infos[tensor]
@@ -67,6 +72,14 @@ def _metadata_problems(name: str, meta: dict[str, str], expect: Expected) -> lis
         points = meta.get(layout.META_POINTS)
     if points != expect.points:
         problems.append(f"{name}: metadata points {points} != manifest points {expect.points}")
+    try:
+        storage = from_metadata(meta.get(layout.META_STORAGE), expect.storage)
+    except ValueError as exc:
+        problems.append(f"{name}: metadata storage: {exc}")
+    else:
+        if storage != expect.storage:
+            problems.append(f"{name}: metadata storage {storage.to_dict()} != manifest storage "
+                            f"{expect.storage.to_dict()}")
     version = meta.get(layout.META_FORMAT_VERSION)
     if version != layout.FORMAT_VERSION:
         problems.append(f"{name}: metadata format_version={version!r} != {layout.FORMAT_VERSION!r}")
@@ -94,23 +107,39 @@ def _offset_problems(name: str, offsets: np.ndarray, num_tokens: int) -> list[st
     return []
 
 
-def _non_finite(path: Path, info: TensorInfo, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(count, first flat token row, first point index) of non-finite hidden-state values, streamed in chunks."""
+def _non_finite(path: Path, infos: dict[str, TensorInfo], storage: Storage) -> tuple[int, int, int, list[str]]:
+    """(count, first flat token row, first point index) of non-finite hidden-state values as the reader returns them
+    (fp8: dequantized), streamed in chunks; and the problems of fp8 scales (each must be finite and positive)."""
+    info = infos[layout.HIDDEN_STATES]
     num_tokens, num_points, hidden = info.shape
+    dtype = layout.HIDDEN_DTYPES[storage.dtype][0]
     row_bytes = num_points * hidden * _itemsize(dtype)
     rows_per_chunk = max(1, _CHUNK_ELEMENTS // max(1, num_points * hidden))
-    count, first_row, first_point = 0, -1, -1
+    count, first_row, first_point, bad_scales, first_scale = 0, -1, -1, 0, None
     for start in range(0, num_tokens, rows_per_chunk):
         rows = min(rows_per_chunk, num_tokens - start)
         chunk = read_range(path, info, dtype, row_bytes, start, rows).view(rows, num_points, hidden)
+        scales = None
+        if storage.scaled:
+            scales = read_range(path, infos[layout.HIDDEN_SCALES], SCALE_DTYPE, num_points * _itemsize(SCALE_DTYPE),
+                                start, rows).view(rows, num_points)
+            wrong = ~(torch.isfinite(scales) & (scales > 0))
+            if (num_wrong := int(wrong.sum())) and first_scale is None:
+                row, point = torch.nonzero(wrong)[0].tolist()
+                first_scale = (start + row, point, float(scales[row, point]))
+            bad_scales += num_wrong
+        values = storage.decode(chunk, scales)
         # fp8 has no isfinite kernel; widening per chunk keeps the cost at one chunk.
-        bad = ~torch.isfinite(chunk.float() if chunk.element_size() == 1 else chunk)
+        bad = ~torch.isfinite(values.float() if values.element_size() == 1 else values)
         num_bad = int(bad.sum())
         if num_bad and first_row < 0:
             row, point = torch.nonzero(bad.any(dim=2))[0].tolist()
             first_row, first_point = start + row, point
         count += num_bad
-    return count, first_row, first_point
+    problems = [] if first_scale is None else [
+        f"{bad_scales} {layout.HIDDEN_SCALES} value(s) not finite and positive, first at token {first_scale[0]}, "
+        f"point index {first_scale[1]}: {first_scale[2]!r}"]
+    return count, first_row, first_point, problems
 
 
 def _row_mismatches(name: str, column: str, ids: list[str], got: np.ndarray, want: np.ndarray) -> list[str]:
@@ -158,8 +187,8 @@ def check_shard(st_path: Path, pq_path: Path, entry: ShardEntry,
             return problems, [], 0
         offsets = _read_small(st_path, infos[layout.SAMPLE_OFFSETS], torch.int64)
         problems = _offset_problems(name, offsets, entry.num_tokens)
-        hidden_dtype = layout.HIDDEN_DTYPES[expect.dtype][0]
-        count, row, point = _non_finite(st_path, infos[layout.HIDDEN_STATES], hidden_dtype)
+        count, row, point, scale_problems = _non_finite(st_path, infos, expect.storage)
+        problems += [f"{name}: {p}" for p in scale_problems]
         table = pq.read_table(pq_path).to_pydict()
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
         return [f"{name}: unreadable ({type(exc).__name__}: {exc})"], [], 0

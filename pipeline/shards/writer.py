@@ -7,7 +7,7 @@ marker exists and the files have the recorded sizes, so a crash anywhere leaves 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -21,7 +21,7 @@ from pipeline.core.faults import fault_point
 from pipeline.core.io import atomic_path, sha256_file, write_text_atomic
 from pipeline.core.stfile import StreamingWriter, TensorSpec
 from pipeline.shards import layout
-from pipeline.shards.validate import all_finite
+from pipeline.shards.storage import ShardEncoder, Storage, choose
 
 Item = tuple[PreparedSample, Capture]
 
@@ -31,8 +31,7 @@ class ShardEntry:
     """One finished shard as recorded in its marker and in the manifest's `shards` list.
 
     files: path relative to the run dir -> {"sha256": hex, "bytes": size}.
-    num_saturated: hidden-state values clipped to the storage dtype's range (only fp8 storage clips; recorded
-    rather than silent).
+    storage: how the hidden states are stored and, for fp8, the rounding error's sums (pipeline/shards/storage.py).
     """
 
     name: str
@@ -42,7 +41,7 @@ class ShardEntry:
     files: dict[str, dict[str, Any]]
     dtype: str
     points: list[str]
-    num_saturated: int = 0
+    storage: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,6 +49,7 @@ class ShardEntry:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ShardEntry":
         known = set(cls.__dataclass_fields__)
+        data = {k: v for k, v in data.items() if k != "num_saturated"}  # written before storage was recorded
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"shard entry has unknown fields {sorted(unknown)}")
@@ -79,58 +79,34 @@ def _check_items(items: Sequence[Item], points: Sequence[str]) -> tuple[torch.dt
     return dtype, hidden_size
 
 
-def _storage_dtype(capture_dtype: torch.dtype, storage_dtype: str | None) -> tuple[str, torch.dtype, str]:
-    name = layout.dtype_name(capture_dtype) if storage_dtype is None else storage_dtype
-    if name not in layout.HIDDEN_DTYPES:
-        raise ValueError(f"storage_dtype={name!r} is not supported; choose from {', '.join(layout.HIDDEN_DTYPES)}")
-    torch_dtype, code = layout.HIDDEN_DTYPES[name]
-    return name, torch_dtype, code
-
-
-def _cast(hs: torch.Tensor, target: torch.dtype, sample_id: str) -> tuple[torch.Tensor, int]:
-    """Cast one sample's states to the storage dtype; count values clipped by fp8, refuse anything non-finite."""
-    if hs.dtype == target:
-        return hs, 0
-    stored = hs.to(target)
-    num_saturated = 0
-    if target == torch.float8_e4m3fn:
-        # torch saturates out-of-range values to +-448 instead of failing, so count them to make the loss visible.
-        num_saturated = int((hs.abs() > torch.finfo(target).max).sum())
-    elif not all_finite(stored):
-        raise ValueError(f"sample {sample_id}: casting {hs.dtype} to {target} overflowed "
-                         f"(max |x| = {float(hs.abs().max()):.4g})")
-    return stored, num_saturated
-
-
 def _offsets(items: Sequence[Item]) -> np.ndarray:
     lengths = [sample.num_tokens for sample, _ in items]
     return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
 
 
 def _write_safetensors(path: Path, items: Sequence[Item], *, hidden_size: int, num_points: int,
-                       storage: tuple[str, torch.dtype, str], metadata: Mapping[str, str]) -> tuple[str, int]:
-    name, torch_dtype, code = storage
+                       storage: Storage, metadata: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
     offsets = _offsets(items)
-    num_tokens, item_bytes = int(offsets[-1]), torch.empty(0, dtype=torch_dtype).element_size()
+    num_tokens = int(offsets[-1])
     specs = [TensorSpec(name=layout.INPUT_IDS, dtype_code="I64", shape=(num_tokens,), num_bytes=8 * num_tokens),
              TensorSpec(name=layout.SAMPLE_OFFSETS, dtype_code="I64", shape=(len(offsets),),
                         num_bytes=8 * len(offsets)),
-             TensorSpec(name=layout.HIDDEN_STATES, dtype_code=code, shape=(num_tokens, num_points, hidden_size),
-                        num_bytes=num_tokens * num_points * hidden_size * item_bytes),
+             *storage.hidden_specs(num_tokens, num_points, hidden_size),
              TensorSpec(name=layout.LOSS_MASK, dtype_code="U8", shape=(num_tokens,), num_bytes=num_tokens)]
-    num_saturated = 0
+    encoder = ShardEncoder(storage, num_points)
     # "r+b": the temp file is new and empty, and a truncating open makes ext4 flush it on close (auto_da_alloc).
     with open(path, "r+b") as f, StreamingWriter(f, specs, metadata) as out:
         for sample, _ in items:
             out.write_array(sample.input_ids_T.astype("<i8", copy=False))
         out.write_array(offsets.astype("<i8", copy=False))
         for sample, capture in items:  # one sample at a time: the writer never concatenates the shard
-            stored, saturated = _cast(capture.hidden_states_TPH, torch_dtype, sample.sample_id)
-            out.write_chunk(stored)
-            num_saturated += saturated
+            for chunk in encoder.chunks(capture.hidden_states_TPH, sample.sample_id):
+                out.write_chunk(chunk)
+        for tensor in encoder.trailing():
+            out.write_chunk(tensor)
         for sample, _ in items:
             out.write_array(sample.loss_mask_T.astype(np.uint8, copy=False))
-        return out.close(), num_saturated
+        return out.close(), encoder.record()
 
 
 def _parquet_table(items: Sequence[Item]) -> pa.Table:
@@ -149,7 +125,7 @@ def _parquet_table(items: Sequence[Item]) -> pa.Table:
     return pa.table(columns)
 
 
-def _shard_metadata(points: Sequence[str], metadata: Mapping[str, str]) -> dict[str, str]:
+def _shard_metadata(points: Sequence[str], metadata: Mapping[str, str], storage: Storage) -> dict[str, str]:
     clash = sorted(set(metadata) & set(layout.RESERVED_METADATA))
     if clash:
         raise ValueError(f"metadata keys {clash} are reserved by the shard writer")
@@ -157,7 +133,7 @@ def _shard_metadata(points: Sequence[str], metadata: Mapping[str, str]) -> dict[
     if bad:
         raise ValueError(f"metadata must map str to str; keys with other types: {bad}")
     return {**metadata, layout.META_POINTS: json.dumps(list(points)),
-            layout.META_FORMAT_VERSION: layout.FORMAT_VERSION}
+            layout.META_FORMAT_VERSION: layout.FORMAT_VERSION, layout.META_STORAGE: storage.metadata()}
 
 
 def write_shard(run_dir: Path, index: int, items: Sequence[Item], *, points: Sequence[str],
@@ -165,21 +141,21 @@ def write_shard(run_dir: Path, index: int, items: Sequence[Item], *, points: Seq
                 before_marker: Callable[[], None] | None = None) -> ShardEntry:
     """Write shard `index` of `run_dir` from validated (sample, capture) pairs and return its entry.
 
-    storage_dtype: None stores the capture dtype; a dtype name (e.g. "float8_e4m3fn") casts sample by sample.
+    storage_dtype: None stores the capture dtype; "float8_e4m3fn" stores fp8 with per-row scales (storage.py).
     before_marker: called when the files are in place, before the marker makes the shard finished; raising there
     leaves the shard unfinished (the run directory's lock uses it).
     """
     points = [str(p) for p in points]  # labels; also accepts pipeline.points.Point objects
     dtype, hidden_size = _check_items(items, points)
-    storage = _storage_dtype(dtype, storage_dtype)
-    st_meta = _shard_metadata(points, metadata)
+    storage = choose(dtype, storage_dtype)
+    st_meta = _shard_metadata(points, metadata, storage)
     paths = layout.shard_paths(run_dir, index)
     paths["marker"].unlink(missing_ok=True)  # from here on the shard counts as unfinished
     fault_point("unlink", paths["marker"].name)
     _remove_stale_temps(paths)
     with atomic_path(paths["safetensors"]) as tmp:
-        st_sha, num_saturated = _write_safetensors(tmp, items, hidden_size=hidden_size, num_points=len(points),
-                                                   storage=storage, metadata=st_meta)
+        st_sha, stored = _write_safetensors(tmp, items, hidden_size=hidden_size, num_points=len(points),
+                                            storage=storage, metadata=st_meta)
     with atomic_path(paths["parquet"]) as tmp:
         pq.write_table(_parquet_table(items), tmp)
     entry = ShardEntry(
@@ -189,7 +165,7 @@ def write_shard(run_dir: Path, index: int, items: Sequence[Item], *, points: Seq
                                                           "bytes": paths["safetensors"].stat().st_size},
                _relative(run_dir, paths["parquet"]): {"sha256": sha256_file(paths["parquet"]),
                                                       "bytes": paths["parquet"].stat().st_size}},
-        dtype=storage[0], points=list(points), num_saturated=num_saturated)
+        dtype=storage.dtype, points=list(points), storage=stored)
     if before_marker is not None:
         before_marker()
     write_text_atomic(paths["marker"], json.dumps(entry.to_dict(), sort_keys=True, indent=2) + "\n")

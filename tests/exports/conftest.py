@@ -78,8 +78,16 @@ def resumed_run(tmp_path_factory, llama_run) -> Path:
 
 
 @pytest.fixture(scope="session")
-def runs(llama_run, kimi_run, resumed_run) -> dict[str, Path]:
-    return {"llama": llama_run, "kimi": kimi_run, "resumed": resumed_run}
+def fp8_run(tmp_path_factory, models_root) -> Path:
+    """Tiny Llama captured in bfloat16 and stored in float8_e4m3fn (the exports dequantize it); 6 samples in 2
+    shards."""
+    return extract(tmp_path_factory.mktemp("fp8") / "run", "model=tiny_llama", "capture.points=[1,3,5,last,final_norm]",
+                   "data.limit=6", "runner.max_samples_per_shard=4", "runner.storage_dtype=float8_e4m3fn")
+
+
+@pytest.fixture(scope="session")
+def runs(llama_run, kimi_run, resumed_run, fp8_run) -> dict[str, Path]:
+    return {"llama": llama_run, "kimi": kimi_run, "resumed": resumed_run, "fp8": fp8_run}
 
 
 @pytest.fixture(scope="session")

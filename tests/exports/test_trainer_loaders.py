@@ -11,7 +11,7 @@ from pipeline.shards.reader import RunReader
 from tests.exports.conftest import cli, read_all, trainer
 
 pytestmark = pytest.mark.integration
-RUNS = ("llama", "kimi", "resumed")
+RUNS = ("llama", "kimi", "resumed", "fp8")
 
 
 def _export(run, out, fmt, *args) -> dict:
@@ -27,9 +27,11 @@ def _expected(run):
             reader.points
 
 
-def test_the_runs_cover_both_dtypes(runs):
+def test_the_runs_cover_both_dtypes_and_fp8_storage(runs):
     dtypes = {name: json.loads((run / "manifest.json").read_text())["dtype"] for name, run in runs.items()}
-    assert dtypes == {"llama": "bfloat16", "kimi": "float32", "resumed": "bfloat16"}
+    assert dtypes == {"llama": "bfloat16", "kimi": "float32", "resumed": "bfloat16", "fp8": "float8_e4m3fn"}
+    with RunReader(runs["fp8"]) as reader:  # what the exports hold, and the trainers must read bit-equal
+        assert reader[reader.sample_ids[0]]["hidden_states"].dtype == torch.bfloat16
 
 
 def _slot_indices(sidecar, points):

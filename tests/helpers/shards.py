@@ -9,9 +9,10 @@ import torch
 from pipeline.core.contracts import Capture, PreparedSample
 from pipeline.shards import layout
 from pipeline.shards.manifest import write_manifest
+from pipeline.shards.storage import run_record
 from pipeline.shards.writer import write_shard
 
-__all__ = ["H", "POINTS", "make_capture", "make_items", "make_run", "make_sample"]
+__all__ = ["H", "POINTS", "make_capture", "make_items", "make_manifest", "make_run", "make_sample"]
 
 POINTS = ["b0", "b2", "final_norm"]
 H = 16
@@ -44,8 +45,16 @@ def make_run(run_dir, shards_lengths, *, dtype=torch.float32, storage_dtype=None
         entries.append(write_shard(run_dir, index, items, points=POINTS, storage_dtype=storage_dtype,
                                    metadata={"engine": "hf 5.19.0", "run_digest": "abc123"}))
         all_items.append(items)
+    make_manifest(run_dir, entries)
+    return all_items
+
+
+def make_manifest(run_dir, entries):
+    """The manifest extract writes for these shard entries (its storage record included)."""
+    num_tokens = sum(e.num_tokens for e in entries)
     write_manifest(run_dir, {
         "format_version": layout.FORMAT_VERSION, "points": POINTS, "hidden_size": H, "dtype": entries[0].dtype,
         "shards": [e.to_dict() for e in entries], "num_samples": sum(e.num_samples for e in entries),
-        "num_tokens": sum(e.num_tokens for e in entries), "provenance": {}, "config": {}, "rejects": {}})
-    return all_items
+        "num_tokens": num_tokens, "provenance": {}, "config": {}, "rejects": {},
+        "storage": run_record([e.storage for e in entries], POINTS, hidden_size=H, num_tokens=num_tokens,
+                              shard_bytes=sum(f["bytes"] for e in entries for f in e.files.values()))})

@@ -19,6 +19,7 @@ from pipeline.shards.manifest import (
 )
 from pipeline.shards.plan import plan_units
 from pipeline.shards.reader import RunReader
+from pipeline.shards.storage import choose, rounding_rel_l2
 from pipeline.shards.validate import capture_reject, check_capture
 from pipeline.shards.writer import ShardEntry, completed_shard, write_shard
 from tests.helpers.shards import (
@@ -26,6 +27,7 @@ from tests.helpers.shards import (
     H,
     make_capture,
     make_items,
+    make_manifest,
     make_run,
     make_sample,
 )
@@ -68,19 +70,41 @@ def test_shard_file_layout_and_metadata(tmp_path):
     assert [r["truncated"] for r in rows] == [True, False, False] and rows[2]["row"] == 2
 
 
-def test_fp8_storage_reads_back_the_fp8_cast(tmp_path):
+def test_fp8_storage_scales_each_row_and_reads_back_in_the_capture_dtype(tmp_path):
     items = make_items([4, 3], dtype=torch.bfloat16)
-    items[0][1].hidden_states_TPH[0, 0, 0] = 1000.0  # beyond e4m3fn's 448: saturates, and is counted
+    hs = items[0][1].hidden_states_TPH
+    hs[0, 0, 0] = 3000.0  # far beyond e4m3fn's 448: its own row's scale covers it, nothing clips
+    hs[1, 1] = 0.0  # an all-zero row
+    hs[2, 2] *= 1e-4  # a row far below e4m3fn's normal range without scaling
     entry = write_shard(tmp_path, 0, items, points=POINTS, storage_dtype="float8_e4m3fn")
-    assert entry.dtype == "float8_e4m3fn" and entry.num_saturated == 1
-    write_manifest(tmp_path, {"format_version": "1", "points": POINTS, "hidden_size": H, "dtype": entry.dtype,
-                              "shards": [entry.to_dict()], "num_samples": 2, "num_tokens": 7})
-    with RunReader(tmp_path) as reader:
+    assert entry.dtype == "float8_e4m3fn" and entry.storage["scaling"] == "absmax_per_token_point"
+    make_manifest(tmp_path, [entry])
+    with RunReader(tmp_path) as reader, RunReader(tmp_path, decode=False) as raw:
         for sample, capture in items:
-            got = reader[sample.sample_id]["hidden_states"]
-            want = capture.hidden_states_TPH.to(torch.float8_e4m3fn)
-            assert got.dtype == torch.float8_e4m3fn
-            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+            x = capture.hidden_states_TPH.float()
+            got, stored = reader[sample.sample_id]["hidden_states"], raw[sample.sample_id]
+            assert got.dtype == torch.bfloat16 and stored["hidden_states"].dtype == torch.float8_e4m3fn
+            amax = x.abs().amax(dim=-1)
+            assert torch.equal(stored["hidden_scales"], torch.where(amax > 0, amax / 448, torch.ones_like(amax)))
+            # e4m3: at most half a step of 3 mantissa bits (2^-4 relative), or half the smallest subnormal step of
+            # the row's scale; then the bf16 rounding of the product (2^-8 relative)
+            bound = 2 ** -4 * x.abs() + 2 ** -10 * stored["hidden_scales"].unsqueeze(-1) + 2 ** -8 * got.float().abs()
+            assert ((got.float() - x).abs() <= bound).all(), sample.sample_id
+    assert reader_value(tmp_path, items[0][0].sample_id)[0, 0, 0] == 3000.0
+    assert (reader_value(tmp_path, items[0][0].sample_id)[1, 1] == 0).all()
+
+
+def reader_value(run_dir, sample_id):
+    with RunReader(run_dir) as reader:
+        return reader[sample_id]["hidden_states"]
+
+
+def test_fp8_storage_refuses_non_finite_states(tmp_path):
+    items = make_items([2], dtype=torch.bfloat16)
+    for bad in (float("inf"), float("nan")):
+        items[0][1].hidden_states_TPH[1, 0, 3] = bad
+        with pytest.raises(ValueError, match="non-finite hidden states cannot be stored in float8_e4m3fn"):
+            write_shard(tmp_path, 0, items, points=POINTS, storage_dtype="float8_e4m3fn")
 
 
 def test_write_shard_refuses_inconsistent_input(tmp_path):
@@ -150,10 +174,10 @@ def test_rewrite_removes_stale_temp_files_and_marker_first(tmp_path):
     paths["safetensors"].write_bytes(b"half a shard, no marker")
     entry = write_shard(tmp_path, 3, make_items([2]), points=POINTS)
     assert not stale.exists() and completed_shard(tmp_path, 3) == entry
-    with pytest.raises(ValueError, match="float16 overflowed"):  # fails halfway through the stream
-        huge = make_items([2, 2])
-        huge[1][1].hidden_states_TPH[0, 0, 0] = 1e6
-        write_shard(tmp_path, 3, huge, points=POINTS, storage_dtype="float16")
+    with pytest.raises(ValueError, match="non-finite"):  # fails halfway through the stream
+        bad = make_items([2, 2])
+        bad[1][1].hidden_states_TPH[0, 0, 0] = float("inf")
+        write_shard(tmp_path, 3, bad, points=POINTS, storage_dtype="float8_e4m3fn")
     assert completed_shard(tmp_path, 3) is None  # the marker went first, so the shard counts as unfinished
     assert sorted(p.name for p in paths["safetensors"].parent.iterdir()) == [
         "shard-00003.parquet", "shard-00003.safetensors"]  # no temp file left behind
@@ -252,3 +276,16 @@ def test_finished_files_are_readable_as_open_would_have_made_them(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {p.name: 0o666 & ~umask for p in files}
+
+
+def test_the_rounding_figure_is_the_relative_l2_of_the_dequantized_states():
+    gen = torch.Generator().manual_seed(0)
+    magnitudes = torch.logspace(-4, 3, 40).reshape(40, 1, 1)  # rows across seven orders of magnitude
+    x = (torch.randn(40, 3, 64, generator=gen) * magnitudes).to(torch.bfloat16)
+    storage = choose(x.dtype, "float8_e4m3fn")
+    stored, scales = storage.encode(x)
+    back, ref = stored.float() * scales.unsqueeze(-1), x.float()
+    want = ((back - ref).norm(dim=(0, 2)) / ref.norm(dim=(0, 2))).tolist()
+    assert rounding_rel_l2(x, storage) == pytest.approx(want, rel=1e-5)
+    assert all(0.01 < v < 0.04 for v in want)  # e4m3's 3 mantissa bits, whatever the row's magnitude
+    assert rounding_rel_l2(x, choose(x.dtype, None)) == [0.0, 0.0, 0.0]

@@ -164,3 +164,68 @@ def test_fp8_nan_and_a_torn_header_are_reported(tmp_path):
     problems = verify_run(tmp_path)
     assert len(problems) == 1 and "shard-00000: unreadable (ValueError: shard-00000.safetensors: header is not" \
         in problems[0]
+
+
+def _write_scale(run_dir, index, value):
+    scales = read_header(run_dir / ST0)[0][layout.HIDDEN_SCALES]
+    with open(run_dir / ST0, "r+b") as f:
+        f.seek(scales.start + 4 * index)
+        f.write(torch.tensor([value], dtype=torch.float32).numpy().tobytes())
+    _refresh_file_record(run_dir, ST0)
+
+
+def test_fp8_scales_must_be_finite_and_positive(tmp_path):
+    make_run(tmp_path, [[3, 5]], dtype=torch.bfloat16, storage_dtype="float8_e4m3fn")
+    token, point = 1, 2
+    for bad in (0.0, -1.0):
+        _write_scale(tmp_path, token * len(POINTS) + point, bad)
+        assert verify_run(tmp_path) == [f"shard-00000: 1 hidden_scales value(s) not finite and positive, first at "
+                                        f"token {token}, point index {point}: {bad!r}"]
+    _write_scale(tmp_path, token * len(POINTS) + point, float("nan"))  # and every value of its row reads as NaN
+    assert verify_run(tmp_path) == [
+        f"shard-00000: 1 hidden_scales value(s) not finite and positive, first at token {token}, point index {point}: "
+        f"nan", f"shard-00000: {H} non-finite hidden state value(s), first at token {token} (sample 'id-0-0', point "
+        f"'{POINTS[point]}')"]
+    _write_scale(tmp_path, token * len(POINTS) + point, 3e38)  # finite, but the dequantized row overflows bf16
+    problems = verify_run(tmp_path)
+    assert len(problems) == 1 and "non-finite hidden state value(s), first at token 1" in problems[0], problems
+
+
+def test_fp8_storage_records_must_agree(tmp_path):
+    make_run(tmp_path, [[3, 5], [2]], dtype=torch.bfloat16, storage_dtype="float8_e4m3fn")
+
+    def storage(**changes):
+        _edit_manifest(tmp_path, lambda m: m["storage"].update(changes))
+
+    storage(scaling="none")
+    assert verify_run(tmp_path) == ["manifest storage: storage dtype='float8_e4m3fn' with scaling='none' from capture "
+                                    "dtype 'bfloat16' is not a storage this pipeline writes (the capture dtype with "
+                                    "scaling 'none', or float8_e4m3fn with scaling 'absmax_per_token_point')"]
+    storage(scaling="absmax_per_token_point", capture_dtype="float16")  # the shards say bfloat16
+    problems = verify_run(tmp_path)
+    assert len(problems) == 4 and all("!= manifest storage" in p for p in problems), problems
+    assert problems[0].startswith("shard-00000: storage {'dtype': 'float8_e4m3fn', 'capture_dtype': 'bfloat16'")
+    assert problems[1].startswith("shard-00001: storage") and problems[2].startswith("shard-00000: metadata storage")
+    storage(capture_dtype="bfloat16")
+    assert verify_run(tmp_path) == []
+    _edit_manifest(tmp_path, lambda m: m.pop("storage"))  # fp8 states and no record of their scales
+    assert len(verify_run(tmp_path)) == 1 and "manifest storage: storage dtype='float8_e4m3fn' with scaling='none'" \
+        in verify_run(tmp_path)[0]
+
+
+def test_plain_run_claiming_fp8_storage(tmp_path):
+    make_run(tmp_path, [[3]], dtype=torch.bfloat16)
+    _edit_manifest(tmp_path, lambda m: m["storage"].update(dtype="float8_e4m3fn", scaling="absmax_per_token_point"))
+    assert verify_run(tmp_path) == ["manifest storage dtype 'float8_e4m3fn' != manifest dtype 'bfloat16'"]
+
+
+def test_a_run_written_before_storage_was_recorded_still_verifies(tmp_path):
+    make_run(tmp_path, [[3, 5]], dtype=torch.bfloat16)
+
+    def legacy(manifest):
+        manifest.pop("storage")
+        for shard in manifest["shards"]:
+            shard.pop("storage")
+            shard["num_saturated"] = 0
+    _edit_manifest(tmp_path, legacy)
+    assert verify_run(tmp_path) == []
