@@ -108,10 +108,11 @@ def raw_transport(size: int, count: int, kind: str) -> float:
     seconds = 0.0
     with os.fdopen(r, "rb", buffering=0) as f:
         for _ in range(count):
-            buf = bytearray(size) if kind == "pipe" else None  # a fresh buffer per payload, as wire.recv has
+            buf = None
             start = time.perf_counter()
             mine.send(b"g")
             if kind == "pipe":
+                buf = bytearray(size)  # a fresh buffer per payload, as wire.recv has: new pages cost too
                 view, got = memoryview(buf), 0
                 while got < size:
                     got += f.readinto(view[got:])
