@@ -8,7 +8,8 @@ Captures of hidden 7168 x 5 points in bf16 (72 KB per token) are produced inside
 as extract writes them (`pipeline.run.capture`: validation, safetensors + Parquet, sha256, atomic finish).
 
 Rounds alternate (the machine is shared): raw limits on as many bytes as the round captures, a unit at a time
-(memory copy, the transport's raw bandwidth, a sequential file write with fsync per unit, sha256); the stages one by one on the same units (transport, validation, write,
+(memory copy, the transport's raw bandwidth, a sequential file write with fsync per unit, handed to the disk as it
+is written like the shard writer does, sha256); the stages one by one on the same units (transport, validation, write,
 hash, Parquet); the whole path as extract runs it (`run_units`, --overlap: runner.overlap_writes). Figures are GB/s
 of captured states (10^9 bytes), best-of and median over the repeats; the ratio whole / slowest raw limit is taken per
 repeat (its best and median are printed). Peak RSS of the whole-path round is taken above the process's resident
@@ -147,9 +148,10 @@ def raw_limits(unit_bytes: int, count: int, work: Path) -> dict[str, float]:
     for i in range(count):
         path = work / f"raw-{i}.bin"
         start = time.perf_counter()
-        with open(path, "wb") as f:
-            for j in range(0, unit_bytes, 8 << 20):
-                f.write(view[j:j + (8 << 20)])
+        with open(path, "wb", buffering=0) as f:
+            for j in range(0, unit_bytes, 16 << 20):  # handed to the disk as written, as the shard writer does
+                f.write(view[j:j + (16 << 20)])
+                os.posix_fadvise(f.fileno(), j, 16 << 20, os.POSIX_FADV_DONTNEED)
             os.fsync(f.fileno())
         out["file write+fsync"] += time.perf_counter() - start
     for i in range(count):
