@@ -75,11 +75,14 @@ def alternate(args, path: Path, info, samples, work: Path) -> tuple[dict[str, li
     with ServingEngine(str(path), [s.input_ids_T for s in samples], dtype=args.dtype) as served, \
             make_engine(spec, model_path=str(path), points=points, num_layers=n) as engine:
         engine.capture(samples[:8])  # warm-up (the Engine warmed up before reporting ready)
+        paths = {"Engine plain prefill": lambda r: served.time_prefill()["seconds"],
+                 "runner forward": lambda r: runner_forward_seconds(engine, samples, args.batch_size),
+                 "capture+write": lambda r: capture_and_write(engine, samples, settings, work / f"run-{r}",
+                                                              args.tokens_per_shard, overlap=False)}
+        names = list(paths)
         for r in range(args.repeats):
-            seconds["Engine plain prefill"].append(served.time_prefill()["seconds"])
-            seconds["runner forward"].append(runner_forward_seconds(engine, samples, args.batch_size))
-            seconds["capture+write"].append(capture_and_write(engine, samples, settings, work / f"run-{r}",
-                                                                   args.tokens_per_shard, overlap=False))
+            for name in names[r % len(names):] + names[:r % len(names)]:  # rotated: the machine's load drifts
+                seconds[name].append(paths[name](r))
             print(f"repeat {r}: " + " | ".join(f"{k} {tokens / v[-1]:6.0f} tok/s ({v[-1]:.2f} s)"
                                                for k, v in seconds.items()))
         return seconds, engine.info().extra["aux_layer_ids"]

@@ -8,7 +8,7 @@ Capture only: the engine side of the capture stage (hooks, transfer from the vLL
 Capture+write: the pipeline's capture stage as extract runs it (engine batches of --batch-size, transfer, validation,
 safetensors + parquet shard writes with sha256), in units of --tokens-per-shard: one after the other (the default,
 runner.overlap_writes=false) and overlapped (shard k written while unit k+1 is captured: runner.overlap_writes=true).
-All through one started engine, alternated --repeats times; ratios are reported best-of (least disturbed), as the ratio
+All through one started engine, alternated --repeats times in rotated order; ratios are reported best-of (least disturbed), as the ratio
 of the median times, and as the median of per-repeat ratios, because a shared 2-core machine swings single timings by
 20-100%. Target: capture+write /
 plain >= 0.9. On a CPU the overlapped write competes with vLLM's own threads for the same cores; on GPUs it is free.
@@ -83,9 +83,11 @@ def main() -> None:
                                                                         args.tokens_per_shard, overlap=True),
             }
             seconds: dict[str, list[float]] = {name: [] for name in paths}
+            names = list(paths)
             for r in range(args.repeats):
-                for name, run in paths.items():
-                    seconds[name].append(run(r))
+                # rotated order: on a shared machine the load drifts, and no path should always run first
+                for name in names[r % len(names):] + names[:r % len(names)]:
+                    seconds[name].append(paths[name](r))
                 print(f"repeat {r}: " + " | ".join(f"{k} {num_tokens / v[-1]:.0f} tok/s" for k, v in seconds.items()))
     plain = seconds.pop("plain prefill")
     print(f"plain prefill: best {num_tokens / min(plain):.0f} tok/s, median {num_tokens / median(plain):.0f} tok/s")

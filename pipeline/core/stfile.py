@@ -8,8 +8,10 @@ hidden states straight to disk: the writer adds no copy beyond one sample. Files
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
+import os
 import struct
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,6 +25,7 @@ import torch
 _ALIGN = 8
 _MAX_HEADER_BYTES = 100 << 20  # a guard against reading a corrupt length as a huge allocation
 _MAX_PENDING = 64 << 20  # bytes written but not yet hashed
+_PIECE = 16 << 20  # a large chunk is written, hashed and handed to the disk in pieces of this size
 
 
 # torch dtype <-> safetensors code, for everything the pipeline stores or sends
@@ -68,9 +71,11 @@ class StreamingWriter:
     Chunks must arrive in declaration order; `close` checks every declared byte was written. The sha256 and size of
     everything written are available afterwards, so the file never has to be read back to be hashed. The hashing runs
     on a helper thread while the main thread copies the same chunk into the page cache (both release the GIL): a shard
-    costs about max(write, hash) instead of their sum. A chunk is held until it is hashed (at most _MAX_PENDING bytes
-    of them), so a caller must not modify one in place before `close`. Use it as a context manager: leaving the block
-    stops the helper thread, also when the write fails half way.
+    costs about max(write, hash) instead of their sum. Every piece written is handed to the disk at once
+    (`_start_writeback`), so the caller's closing fsync finds little left to do instead of a shard's worth: at Kimi's
+    width that fsync was a third of a shard's write (bench/README.md#kimi_width). A chunk is held until it is hashed
+    (at most _MAX_PENDING bytes of them), so a caller must not modify one in place before `close`. Use it as a
+    context manager: leaving the block stops the helper thread, also when the write fails half way.
     """
 
     def __init__(self, f: BinaryIO, specs: list[TensorSpec], metadata: Mapping[str, str]) -> None:
@@ -81,6 +86,7 @@ class StreamingWriter:
         self._pending: deque[tuple[Future, int]] = deque()
         self._pending_bytes = 0
         self.num_bytes = 0
+        self._handed_to_disk = 0
         self._expected = sum(s.num_bytes for s in specs)
         self._write(header_bytes(specs, metadata))
         self._data_start = self.num_bytes
@@ -92,13 +98,29 @@ class StreamingWriter:
         self._hasher.shutdown(wait=True, cancel_futures=True)
 
     def _write(self, data: bytes | memoryview) -> None:
-        size = len(data) if isinstance(data, bytes) else data.nbytes
-        self._pending.append((self._hasher.submit(self._sha.update, data), size))  # one thread: updates in order
-        self._pending_bytes += size
-        self._f.write(data)
-        self.num_bytes += size
-        while self._pending_bytes > _MAX_PENDING:
-            self._settle()
+        view = memoryview(data).cast("B")
+        for start in range(0, view.nbytes, _PIECE):
+            piece = view[start:start + _PIECE]
+            self._pending.append((self._hasher.submit(self._sha.update, piece), piece.nbytes))  # in order: 1 thread
+            self._pending_bytes += piece.nbytes
+            self._f.write(piece)
+            self.num_bytes += piece.nbytes
+            self._start_writeback()
+            while self._pending_bytes > _MAX_PENDING:
+                self._settle()
+
+    def _start_writeback(self) -> None:
+        """Start writing the bytes written so far to the disk, without waiting: POSIX_FADV_DONTNEED on Linux starts
+        the writeback of dirty pages (and drops pages already clean: the shard is not read back here)."""
+        if self.num_bytes - self._handed_to_disk < _PIECE:
+            return
+        try:
+            self._f.flush()
+            os.posix_fadvise(self._f.fileno(), self._handed_to_disk, self.num_bytes - self._handed_to_disk,
+                             os.POSIX_FADV_DONTNEED)
+        except (AttributeError, io.UnsupportedOperation):  # no such call here, or not a file: the fsync does it all
+            pass
+        self._handed_to_disk = self.num_bytes
 
     def _settle(self) -> None:
         done, size = self._pending.popleft()

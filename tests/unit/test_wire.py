@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import threading
 
 import pytest
@@ -27,13 +28,18 @@ def _tensors() -> dict[str, torch.Tensor]:
     }
 
 
-def _through_a_pipe(header, tensors):
+def _through_a_pipe(header, tensors, shared=False):
+    """One message through a pipe; `shared`: with the side socket the engine worker has (large payloads in a memfd)."""
     r, w = os.pipe()
+    mine, theirs = socket.socketpair() if shared else (None, None)
     with os.fdopen(r, "rb") as rx, os.fdopen(w, "wb") as tx:
-        sender = threading.Thread(target=wire.send, args=(tx, header, tensors))  # a pipe holds 64 KiB: send beside
+        sender = threading.Thread(target=wire.send, args=(tx, header, tensors, theirs))  # a pipe holds 64 KiB
         sender.start()
-        got = wire.recv(rx)
+        got = wire.recv(rx, mine)
         sender.join()
+    for s in (mine, theirs):
+        if s is not None:
+            s.close()
     return got
 
 
@@ -51,6 +57,32 @@ def test_a_message_arrives_whole_and_every_tensor_is_aligned():
     assert ptrs[-1] - ptrs[0] < sum(t.numel() * t.element_size() for t in sent.values())
 
 
+def test_a_large_payload_crosses_in_shared_memory_and_small_ones_through_the_pipe():
+    g = torch.Generator().manual_seed(1)
+    big = {"hs/0": torch.randn(600, 5, 256, generator=g).to(torch.bfloat16), "ids/0": torch.arange(600)}
+    assert sum(t.numel() * t.element_size() for t in big.values()) >= wire.SHARED_MIN_BYTES
+    header, got = _through_a_pipe({"op": "capture"}, big, shared=True)
+    assert header == {"op": "capture"}
+    for name, t in big.items():
+        assert torch.equal(got[name], t), name
+        assert got[name].data_ptr() % t.element_size() == 0, name
+    # the tensors are views of the mapped memfd, which outlives the channel: they stay readable and writable
+    got["hs/0"][0, 0, 0] = 7.0
+    assert float(got["hs/0"][0, 0, 0]) == 7.0
+    small = {"ids/0": torch.arange(10)}
+    assert torch.equal(_through_a_pipe({"op": "x"}, small, shared=True)[1]["ids/0"], small["ids/0"])
+
+
+def test_a_shared_payload_without_its_descriptor_is_refused():
+    buf = io.BytesIO()
+    mine, theirs = socket.socketpair()
+    wire.send(buf, {"op": "x"}, {"hs": torch.zeros(1 << 20)}, theirs)
+    theirs.close()
+    with pytest.raises(ValueError, match="without a side socket"):
+        wire.recv(io.BufferedReader(io.BytesIO(buf.getvalue())))
+    mine.close()
+
+
 def test_a_message_without_tensors():
     assert _through_a_pipe({"op": "close"}, None) == ({"op": "close"}, {})
 
@@ -60,8 +92,9 @@ def test_the_payload_is_plain_safetensors_both_ways():
     buf = io.BytesIO()
     wire.send(buf, {"op": "x"}, sent)
     raw = buf.getvalue()
-    head_len, payload_len = wire._PREFIX.unpack(raw[:16])
-    payload = raw[16 + head_len:]
+    head_len, payload_len, where = wire._PREFIX.unpack(raw[:wire._PREFIX.size])
+    assert where == wire.INLINE
+    payload = raw[wire._PREFIX.size + head_len:]
     assert len(payload) == payload_len
     for name, t in st_load(payload).items():  # the real library reads what the sender streamed
         assert torch.equal(t, sent[name].contiguous()), name

@@ -1,11 +1,13 @@
 """Run an engine adapter in another Python (its own virtualenv) behind the same `Engine` interface.
 
 The pipeline's environment never imports vllm or sglang: `RemoteEngine` starts `pipeline.engines.process.worker` with the
-engine environment's interpreter and forwards start / capture / info / close over two pipes (see `wire`).
+engine environment's interpreter and forwards start / capture / info / close over two pipes, with a Unix socket beside them that carries the
+descriptors of large payloads in shared memory (see `wire`).
 """
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any, Sequence
@@ -55,18 +57,21 @@ class RemoteEngine(Engine):
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
         _widen(from_worker_w)
+        self._side, worker_side = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._proc = subprocess.Popen(
-            [self.python, "-m", "pipeline.engines.process.worker", self.target, str(to_worker_r), str(from_worker_w)],
-            pass_fds=(to_worker_r, from_worker_w), stdin=subprocess.DEVNULL)
+            [self.python, "-m", "pipeline.engines.process.worker", self.target, str(to_worker_r), str(from_worker_w),
+             str(worker_side.fileno())],
+            pass_fds=(to_worker_r, from_worker_w, worker_side.fileno()), stdin=subprocess.DEVNULL)
         os.close(to_worker_r)
         os.close(from_worker_w)
+        worker_side.close()
         self._tx = os.fdopen(to_worker_w, "wb")
         self._rx = os.fdopen(from_worker_r, "rb")
 
     def _call(self, header: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None):
         try:
-            wire.send(self._tx, header, tensors)
-            reply, out = wire.recv(self._rx)
+            wire.send(self._tx, header, tensors, self._side)
+            reply, out = wire.recv(self._rx, self._side)
         except (wire.WorkerGone, BrokenPipeError) as e:
             code = self._proc.wait(timeout=30) if self._proc else None
             raise EngineWorkerError(f"{self.target} worker ({self.python}) exited with code {code} during "
@@ -112,7 +117,7 @@ class RemoteEngine(Engine):
             self._proc.kill()
             self._proc.wait()
         finally:
-            for f in (self._tx, self._rx):
+            for f in (self._tx, self._rx, self._side):
                 try:
                     f.close()
                 except BrokenPipeError:  # a worker that exited mid-message: the unsent rest no longer matters

@@ -1,4 +1,5 @@
-"""An engine in its own process (and virtualenv): `python -m pipeline.engines.process.worker TARGET IN_FD OUT_FD`.
+"""An engine in its own process (and virtualenv): `python -m pipeline.engines.process.worker TARGET IN_FD OUT_FD
+[SIDE_FD]` (SIDE_FD: a Unix socket for the descriptors of payloads sent in shared memory, see `wire`).
 
 vLLM and SGLang pin torch builds that cannot share an environment with each other or with the pipeline, so their
 adapters run here, in the engine's own virtualenv, driven by `pipeline.engines.process.remote.RemoteEngine` over two pipes
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import socket
 import sys
 import traceback
 from typing import Any
@@ -53,8 +55,8 @@ def _handle(engine, header: dict[str, Any], tensors: dict[str, torch.Tensor]):
     raise ValueError(f"unknown op {op!r}")
 
 
-def serve(target: str, rx, tx) -> None:
-    header, _ = wire.recv(rx)
+def serve(target: str, rx, tx, side: socket.socket | None = None) -> None:
+    header, _ = wire.recv(rx, side)
     try:
         engine = _load(target, header["init"])
     except Exception as e:
@@ -63,7 +65,7 @@ def serve(target: str, rx, tx) -> None:
     wire.send(tx, {"ok": True})
     while True:
         try:
-            header, tensors = wire.recv(rx)
+            header, tensors = wire.recv(rx, side)
         except wire.WorkerGone:
             break
         if header["op"] == "close":
@@ -74,14 +76,16 @@ def serve(target: str, rx, tx) -> None:
             reply, out = _handle(engine, header, tensors)
         except Exception as e:  # reported to the caller, which raises it with this traceback
             reply, out = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}, None
-        wire.send(tx, reply, out)
+        wire.send(tx, reply, out, side)
+        del out  # not held while waiting for the next request (shared: the caller holds the memory now)
 
 
 def main() -> None:
     target, in_fd, out_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    side = socket.socket(fileno=int(sys.argv[4])) if len(sys.argv) > 4 else None
     os.dup2(2, 1)  # engines print to stdout; keep the caller's terminal output for the caller
     with os.fdopen(in_fd, "rb") as rx, os.fdopen(out_fd, "wb") as tx:
-        serve(target, rx, tx)
+        serve(target, rx, tx, side)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 vLLM mixes `CaptureExtension` into its worker class; the adapter (`pipeline.engines.vllm`) drives it through
 `LLM.collective_rpc("capture_<method>", ...)`. Every model step is recorded as one `_Step`: the request order and
 `query_start_loc` the runner used for that step, the token ids and positions the model really received, and one
-[tokens, H] tensor per requested point. `capture_take` cuts the steps per request and joins chunked prefills by
-position, so a request's states come back whole and in order whatever vLLM's scheduler did.
+[tokens, P, H] host buffer that each point's hook copies its states into (the one copy a capture needs: the model
+reuses its activations). `capture_take` cuts the steps per request, as views of that buffer, and joins chunked
+prefills by position, so a request's states come back whole and in order whatever vLLM's scheduler did. No per-point
+clone and no per-request stack: at Kimi's width each such copy is 72 KB per token of host memory traffic.
 
 Hook points (vLLM decoder layers return `(hidden, residual)`, and the residual stream is their sum):
 - b0: pre-hook on layer 0, its `hidden_states` argument (the embedding output);
@@ -23,7 +25,7 @@ from pipeline.engines.vllm import facts as vllm_facts
 EMBED, LAYER_OUT, FINAL_NORM = "embed", "layer_out", "final_norm"
 
 
-def _own(t: torch.Tensor) -> torch.Tensor:
+def _own(t: torch.Tensor) -> torch.Tensor:  # the step's token ids and positions (small)
     # Activations are reused or updated in place (fused add+norm), and `.cpu()` of a CPU tensor is the same tensor.
     return t.detach().clone() if t.device.type == "cpu" else t.detach().cpu()
 
@@ -34,7 +36,8 @@ class _Step:
     query_start_loc: list[int]
     input_ids: torch.Tensor
     positions: torch.Tensor
-    states: dict[int, torch.Tensor] = field(default_factory=dict)  # point index -> [tokens, H]
+    states: torch.Tensor | None = None  # [tokens, P, H] on the host, made by the step's first record
+    recorded: set[int] = field(default_factory=set)  # point indices written into `states`
 
 
 def _decoder(model: torch.nn.Module) -> torch.nn.Module:
@@ -65,6 +68,7 @@ class CaptureExtension:
         for index, (kind, layer) in enumerate(plan):
             handles.append(self._cap_hook(decoder, index, kind, layer))
         self._cap_handles = handles
+        self._cap_num_points = len(plan)
         return {"model_class": type(model).__name__, "decoder_class": type(decoder).__name__,
                 "num_layers": len(decoder.layers), "layer_class": type(decoder.layers[0]).__name__,
                 "norm_class": type(decoder.norm).__name__}
@@ -79,7 +83,7 @@ class CaptureExtension:
                 if not (isinstance(output, tuple) and len(output) == 2 and output[1] is not None):
                     self._cap_fail(f"layer {layer} returned {type(output).__name__}, not (hidden, residual)")
                     return
-                self._cap_record(index, output[0] + output[1], owned=True)
+                self._cap_record(index, output[0], output[1])
             return decoder.layers[layer].register_forward_hook(post)
         if kind == FINAL_NORM:
             def norm_post(_m, _args, output):
@@ -101,7 +105,8 @@ class CaptureExtension:
                                      input_ids=_own(input_ids[:num_tokens]),
                                      positions=_own(positions[:num_tokens])))
 
-    def _cap_record(self, index: int, hidden: torch.Tensor, owned: bool = False) -> None:
+    def _cap_record(self, index: int, hidden: torch.Tensor, residual: torch.Tensor | None = None) -> None:
+        """Copy one point's states (`hidden + residual` when a residual is given) into the step's buffer."""
         if not self._cap_armed or not self._cap_steps:
             return
         step = self._cap_steps[-1]
@@ -110,8 +115,17 @@ class CaptureExtension:
             self._cap_fail(f"point {index}: hidden states hold {hidden.shape[0]} tokens but the step scheduled "
                            f"{num_tokens} (sequence-parallel shards are not supported)")
             return
-        hidden = hidden[:num_tokens]
-        step.states[index] = hidden if owned and hidden.device.type == "cpu" else _own(hidden)
+        hidden = hidden[:num_tokens].detach()
+        if step.states is None:
+            step.states = torch.empty(num_tokens, self._cap_num_points, hidden.shape[-1], dtype=hidden.dtype)
+        column = step.states[:, index]
+        if residual is None:
+            column.copy_(hidden)
+        elif hidden.device.type == "cpu":  # the sum straight into the buffer
+            torch.add(hidden, residual[:num_tokens].detach(), out=column)
+        else:  # summed on the device, one copy to the host
+            column.copy_(hidden + residual[:num_tokens])
+        step.recorded.add(index)
 
     def _cap_fail(self, message: str) -> None:
         # Raising inside a forward would kill the engine core; the error is reported by capture_take instead.
@@ -126,7 +140,8 @@ class CaptureExtension:
         from safetensors.torch import save
 
         taken = self.capture_take(req_ids, num_points)
-        return save({f"{rid}/{name}": t.contiguous() for rid, parts in taken.items() for name, t in parts.items()})
+        # clone: the requests' states are views of shared step buffers, which safetensors refuses to save
+        return save({f"{rid}/{name}": t.clone() for rid, parts in taken.items() for name, t in parts.items()})
 
     def capture_take(self, req_ids: list[str], num_points: int) -> dict[str, dict[str, torch.Tensor]]:
         """Per internal request id (as `LLM.enqueue` returns them): `input_ids` [T], `positions` [T],
@@ -139,15 +154,14 @@ class CaptureExtension:
             return {}
         pieces: dict[str, list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]] = {r: [] for r in req_ids}
         for step in steps:
-            missing = [i for i in range(num_points) if i not in step.states]
+            missing = [i for i in range(num_points) if i not in step.recorded]
             if missing:
                 raise RuntimeError(f"a model step recorded no states for point index(es) {missing}")
             for j, rid in enumerate(step.req_ids):
                 lo, hi = step.query_start_loc[j], step.query_start_loc[j + 1]
-                if rid in pieces and hi > lo:  # one stack per request: its own storage, no view of another's
-                    hidden = torch.stack([step.states[i][lo:hi] for i in range(num_points)], dim=1)
+                if rid in pieces and hi > lo:  # rows of the step's buffer: a contiguous view, no copy
                     pieces[rid].append((int(step.positions[lo]), step.input_ids[lo:hi], step.positions[lo:hi],
-                                        hidden))
+                                        step.states[lo:hi]))
         return {rid: _join(rid, parts) for rid, parts in pieces.items()}
 
     def capture_facts(self) -> dict[str, Any]:
@@ -164,7 +178,7 @@ def _join(rid: str, parts: list) -> dict[str, torch.Tensor]:
         raise RuntimeError(f"request {rid!r}: no model step computed any of its tokens")
     parts.sort(key=lambda p: p[0])
     out = {"input_ids": torch.cat([p[1] for p in parts]), "positions": torch.cat([p[2] for p in parts]),
-           "hidden": torch.cat([p[3] for p in parts]) if len(parts) > 1 else parts[0][3]}  # cat copies: owned
+           "hidden": torch.cat([p[3] for p in parts]) if len(parts) > 1 else parts[0][3]}
     expected = torch.arange(out["positions"].shape[0], dtype=out["positions"].dtype)
     if not torch.equal(out["positions"], expected):
         raise RuntimeError(f"request {rid!r}: captured positions are not 0..{expected.shape[0] - 1} in order "
