@@ -52,6 +52,9 @@ class ModelConfig:
     path: Optional[str] = None  # a local checkpoint directory
     build: Optional[str] = None  # a tiny-model recipe: `path` is built locally when it is missing
     points: list[Any] = field(default_factory=list)  # the capture points recommended for this target
+    # Run the Python files the checkpoint ships (auto_map: Kimi's tokenizer). Off unless asked for: they run with this
+    # process's rights. Provenance records the setting and each file's sha256.
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         _require(self.path is not None or self.build is not None, "model.path", self.path,
