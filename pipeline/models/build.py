@@ -104,6 +104,9 @@ class Recipe:
     # kimi only: "causal_lm" (a plain DeepseekV3ForCausalLM checkpoint) or "kimi_k25" (Kimi-K2.5's multimodal
     # wrapper around the same text model: pipeline.models.k25)
     layout: str = "causal_lm"
+    # "bpe" (pipeline.models.tokenizer: a fast tokenizer, Kimi-K2's special tokens) or "kimi" (Kimi-K2.5's own
+    # shape: a remote-code tiktoken tokenizer, pipeline.models.kimi_tokenizer; loading it needs trust_remote_code)
+    tokenizer: str = "bpe"
     description: str = ""
 
     def spec(self) -> dict[str, Any]:
@@ -133,18 +136,23 @@ class Recipe:
         return dict(KIMI_YARN)
 
 
-def write_tokenizer(out_dir: Path) -> None:
+def write_tokenizer(recipe: Recipe, out_dir: Path) -> None:
     """The one place the tiny models' tokenizer is written."""
-    from pipeline.models.tokenizer import build_tokenizer
+    if recipe.tokenizer == "kimi":
+        from pipeline.models.kimi_tokenizer import write_kimi_tokenizer
 
-    build_tokenizer(out_dir)
+        write_kimi_tokenizer(out_dir)
+    else:
+        from pipeline.models.tokenizer import build_tokenizer
+
+        build_tokenizer(out_dir)
 
 
 def build_model_dir(recipe: Recipe, out_dir: Path) -> None:
     """Writes the complete model (minus the completion marker) into the empty directory out_dir."""
     _check_recipe(recipe)
-    write_tokenizer(out_dir)
-    token_ids = _special_token_ids(out_dir)
+    write_tokenizer(recipe, out_dir)
+    token_ids = _special_token_ids(out_dir, trust_remote_code=recipe.tokenizer == "kimi")
     config = _hf_config(recipe, token_ids)
     names_shapes = _checkpoint_layout(config, out_dir)
     tensors = {name: _init_tensor(name, shape) for name, shape in names_shapes.items()}
@@ -157,6 +165,8 @@ def build_model_dir(recipe: Recipe, out_dir: Path) -> None:
 
 
 def _check_recipe(recipe: Recipe) -> None:
+    if recipe.tokenizer not in ("bpe", "kimi"):
+        raise ValueError(f"recipe {recipe.name!r}: tokenizer={recipe.tokenizer!r} is not one of ['bpe', 'kimi']")
     if recipe.rope not in ("yarn", "k25", "default"):
         raise ValueError(f"recipe {recipe.name!r}: rope={recipe.rope!r} is not one of ['yarn', 'k25', 'default']")
     if recipe.layout not in ("causal_lm", "kimi_k25") or (recipe.layout == "kimi_k25" and recipe.family != "kimi"):
@@ -174,10 +184,11 @@ def _wrap_k25(recipe: Recipe, text_tensors: dict, out_dir: Path) -> dict:
     return k25.wrap_tensors(text_tensors, vision)
 
 
-def _special_token_ids(model_dir: Path) -> dict[str, int | None]:
+def _special_token_ids(model_dir: Path, *, trust_remote_code: bool) -> dict[str, int | None]:
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    # The remote code here is this project's own tokenization_kimi.py, just written into model_dir.
+    tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
     if len(tok) > VOCAB_SIZE:
         raise ValueError(f"tokenizer in {model_dir} has {len(tok)} tokens; the tiny models' vocab_size is {VOCAB_SIZE}")
     ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}

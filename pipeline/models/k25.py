@@ -102,7 +102,8 @@ def wrap_tensors(text: dict, vision: dict) -> dict:
 def wrapper_config(text: dict[str, Any], quantization: dict[str, Any] | None) -> dict[str, Any]:
     """config.json of the wrapper from the plain text model's config.json, shaped as Kimi-K2.5's."""
     text = dict(text)
-    for key in ("architectures", "transformers_version", "auto_map"):
+    # architectures stays: SGLang reads text_config.architectures[0] (shared-expert fusion) and fails on None.
+    for key in ("transformers_version", "auto_map"):
         text.pop(key, None)
     text["model_type"] = TEXT_MODEL_TYPE
     if quantization is not None:
