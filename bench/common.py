@@ -16,14 +16,13 @@ BUNDLED = REPO / "pipeline" / "data" / "bundled" / "conversations.jsonl"
 
 def prepared_samples(model_path: Path, copies: int, work: Path):
     """The bundled conversations, `copies` times, prepared with the model's own tokenizer."""
-    from transformers import AutoTokenizer
-
     from pipeline.data.prepare import prepare
+    from pipeline.data.remote_code import load_tokenizer
 
     lines = [line for line in BUNDLED.read_text().splitlines() if line.strip()]
     data = work / "prompts.jsonl"
     data.write_text("\n".join(lines * copies) + "\n")
-    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    tokenizer = load_tokenizer(model_path, trust_remote_code=True)  # the benches' models are the project's own
     return prepare(data, tokenizer, max_length=2048, length_policy="truncate", limit=None).samples
 
 

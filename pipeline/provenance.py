@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 from pipeline.core.contracts import EngineInfo
 from pipeline.core.io import sha256_file, sha256_json
+from pipeline.data.remote_code import remote_code_record
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point
 
@@ -47,12 +48,14 @@ def _digest_of(paths: Iterable[Path]) -> str | None:
     return sha256_json(found) if found else None
 
 
-def model_digests(info: ModelInfo, chat_template: str | None) -> dict[str, Any]:
+def model_digests(info: ModelInfo, chat_template: str | None, trust_remote_code: bool = False) -> dict[str, Any]:
     return {
         "config_sha256": sha256_file(info.path / "config.json"),
         "weights": weights_digest(info.path),
         "tokenizer_sha256": _digest_of(info.path / n for n in _TOKENIZER_FILES),
         "chat_template_sha256": hashlib.sha256(chat_template.encode()).hexdigest() if chat_template else None,
+        # model.trust_remote_code and the checkpoint's own .py files that it let run (tokenizer, config)
+        "remote_code": remote_code_record(info.path, trust_remote_code),
     }
 
 
@@ -88,7 +91,8 @@ def capture_convention(points: list[Point], engine: EngineInfo) -> dict[str, Any
 
 
 def build(*, model: ModelInfo, digests: dict[str, Any], engine: EngineInfo, points: list[Point],
-          config: dict[str, Any], diff: dict[str, Any] | None) -> dict[str, Any]:
+          config: dict[str, Any], diff: dict[str, Any] | None,
+          loss_mask: dict[str, Any] | None = None) -> dict[str, Any]:
     engine_dict = dataclasses.asdict(engine)
     engine_dict.pop("points")
     return {
@@ -101,6 +105,8 @@ def build(*, model: ModelInfo, digests: dict[str, Any], engine: EngineInfo, poin
                   "num_layers": model.num_layers, "hidden_size": model.hidden_size,
                   "checkpoint_dtype": model.torch_dtype, "quantization_config": model.quantization, **digests},
         "config": config,
+        # how the assistant tokens were found (special_ids | generation_markers | incremental) and what counts as trained
+        "loss_mask": loss_mask,
         "diff": diff,
     }
 
@@ -133,6 +139,12 @@ def digest(provenance: dict[str, Any]) -> str:
     return sha256_json(stable)
 
 
+def _compact_remote_code(record: dict[str, Any] | None) -> dict[str, Any]:
+    if record is None:  # a manifest from before model.trust_remote_code existed
+        return {}
+    return {"trust_remote_code": record["trust_remote_code"], "remote_code_sha256": sha256_json(record["files_sha256"])}
+
+
 def compact(provenance: dict[str, Any]) -> dict[str, str]:
     """The str -> str copy stored in every shard's safetensors metadata."""
     e, m, c = provenance["engine"], provenance["model"], provenance["capture"]
@@ -144,7 +156,8 @@ def compact(provenance: dict[str, Any]) -> dict[str, str]:
         "model": json.dumps({"model_type": m["model_type"], "num_layers": m["num_layers"],
                              "config_sha256": m["config_sha256"], "weights_sha256": m["weights"]["sha256"],
                              "tokenizer_sha256": m["tokenizer_sha256"],
-                             "chat_template_sha256": m["chat_template_sha256"]}, sort_keys=True),
+                             "chat_template_sha256": m["chat_template_sha256"],
+                             **_compact_remote_code(m.get("remote_code"))}, sort_keys=True),
         "code": json.dumps(provenance["code"], sort_keys=True),
         "diff": json.dumps(provenance["diff"], sort_keys=True),
     }

@@ -17,7 +17,9 @@ from pipeline.compare.report import write_report
 from pipeline.config import ConfigError, ExtractConfig, ProbeConfig, to_config
 from pipeline.config.checks import check_data_path, resolve_model
 from pipeline.core.contracts import PreparedSample
+from pipeline.data.mask import MaskOptions
 from pipeline.data.prepare import prepare
+from pipeline.data.remote_code import load_tokenizer
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point, PointError, resolve
 
@@ -45,11 +47,9 @@ def diff_points(cfg: ExtractConfig, model: ModelInfo) -> list[Point]:
 
 
 def probe_data(cfg: ExtractConfig, model: ModelInfo, probe: ProbeConfig) -> list[PreparedSample]:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model.path))
+    tokenizer = load_tokenizer(model.path, cfg.model.trust_remote_code)
     data = prepare(cfg.data.path, tokenizer, max_length=cfg.data.max_length, length_policy=cfg.data.length_policy,
-                   limit=probe.num_samples)
+                   limit=probe.num_samples, mask=MaskOptions.of(cfg.data))
     return probe_samples(data.samples, probe)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.config.schema import ConfigError, ExtractConfig
+from pipeline.data.remote_code import RemoteCodeError, check_remote_code
 from pipeline.data.sources import check_readable
 from pipeline.models.info import ModelInfo, read_model_info
 from pipeline.models.tiny import ensure_model
@@ -21,11 +22,16 @@ def _model_dir(cfg: ExtractConfig) -> Path:
 
 
 def resolve_model(cfg: ExtractConfig) -> ModelInfo:
-    """The model's facts (built first when it is a tiny-model recipe); errors name model.path."""
+    """The model's facts (built first when it is a tiny-model recipe); errors name model.path, and
+    model.trust_remote_code when the checkpoint needs its own code to load and the setting is off."""
     try:
-        return read_model_info(_model_dir(cfg))
+        info = read_model_info(_model_dir(cfg))
+        check_remote_code(info.path, cfg.model.trust_remote_code)
+    except RemoteCodeError as e:
+        raise ConfigError(str(e)) from e
     except (OSError, ValueError) as e:
         raise ConfigError(str(e) if "model.path" in str(e) else f"model.path={cfg.model.path!r}: {e}") from e
+    return info
 
 
 def check_data_path(cfg: ExtractConfig) -> None:

@@ -67,6 +67,11 @@ class DataConfig:
     max_length: int = 2048
     length_policy: str = "truncate"
     limit: Optional[int] = None  # first N records only
+    # Loss mask (pipeline/data/mask.py): an EAGLE-3 drafter learns what the target generates, so by default neither
+    # the default system turn a template injects nor the <think> / empty <think></think> it writes into assistant
+    # turns (prompt tokens when serving) is trained; these train them too.
+    train_default_system: bool = False
+    train_think_tags: bool = False
 
     def __post_init__(self) -> None:
         _require(self.max_length >= 2, "data.max_length", self.max_length, "must be >= 2")

@@ -6,22 +6,19 @@ ids captured here are the ids a serving engine would see for the same conversati
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import jinja2
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from transformers.utils.chat_template_utils import render_jinja_template
 
 from pipeline.core.contracts import PreparedSample, Reject
 from pipeline.core.io import atomic_path
+from pipeline.data.mask import ChatTokenizer, MaskOptions
 from pipeline.data.sources import (
-    Parsed,
     RawRecord,
     RecordError,
     check_readable,
@@ -33,7 +30,6 @@ from pipeline.data.sources import (
 LengthPolicy = Literal["truncate", "reject"]
 LENGTH_POLICIES = ("truncate", "reject")
 SAMPLE_ID_HEX_CHARS = 16
-_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 REJECTS_SCHEMA = pa.schema(
     [
         ("source", pa.string()),
@@ -47,10 +43,12 @@ REJECTS_SCHEMA = pa.schema(
 
 @dataclass
 class PreparedData:
-    """What one data file became: samples in file order, rejects in file order, and the file's sha256."""
+    """What one data file became: samples in file order, rejects in file order, the file's sha256, and how the loss
+    mask was made (method and options, for provenance)."""
 
     source: str
     source_digest: str
+    loss_mask: dict[str, Any] = field(default_factory=dict)
     samples: list[PreparedSample] = field(default_factory=list)
     rejects: list[Reject] = field(default_factory=list)
 
@@ -67,16 +65,18 @@ def prepare(
     max_length: int,
     length_policy: LengthPolicy,
     limit: int | None = None,
+    mask: MaskOptions | None = None,
 ) -> PreparedData:
     """Tokenize every record of `path`; stop once `limit` samples are accepted (rejects do not count)."""
     _check_options(max_length, length_policy, limit)
     path = Path(path)
     check_readable(path)
-    data = PreparedData(source=path.name, source_digest=file_digest(path))
+    chat = ChatTokenizer(tokenizer, mask)
+    data = PreparedData(source=path.name, source_digest=file_digest(path), loss_mask=chat.record())
     for record in iter_records(path):
         if limit is not None and len(data.samples) >= limit:
             break
-        result = _prepare_record(record, data, tokenizer, max_length, length_policy)
+        result = _prepare_record(record, data, chat, max_length, length_policy)
         (data.samples if isinstance(result, PreparedSample) else data.rejects).append(result)
     return data
 
@@ -91,13 +91,13 @@ def _check_options(max_length: int, length_policy: str, limit: int | None) -> No
 
 
 def _prepare_record(
-    record: RawRecord, data: PreparedData, tokenizer: Any, max_length: int, length_policy: str
+    record: RawRecord, data: PreparedData, chat: ChatTokenizer, max_length: int, length_policy: str
 ) -> PreparedSample | Reject:
     sample_id = sample_id_for(data.source_digest, record.row)
     try:
         if record.error is not None:
             raise RecordError("malformed_json", record.error)
-        input_ids, loss_mask = tokenize(parse_record(record.value), tokenizer)
+        input_ids, loss_mask = chat.tokenize(parse_record(record.value))
         input_ids, loss_mask, truncated = _apply_length_policy(input_ids, loss_mask, max_length, length_policy)
     except RecordError as e:
         return Reject(source=data.source, row=record.row, reason=e.reason, detail=e.detail, sample_id=sample_id)
@@ -123,77 +123,6 @@ def _apply_length_policy(
         where = f"in the first {max_length} of {num_tokens} tokens" if truncated else f"in {num_tokens} tokens"
         raise RecordError("no_loss_tokens", f"none of the {num_loss} loss tokens lies {where}")
     return input_ids, loss_mask, truncated
-
-
-def tokenize(parsed: Parsed, tokenizer: Any) -> tuple[list[int], list[int]]:
-    """Token ids and loss mask (1 = train on this token) for a parsed record."""
-    if parsed.text is not None:
-        # Raw text trains on everything; special tokens are whatever the tokenizer adds to plain text by default.
-        input_ids = list(tokenizer(parsed.text)["input_ids"])
-        return input_ids, [1] * len(input_ids)
-    try:
-        if has_generation_markers(tokenizer.chat_template):
-            return mask_from_markers(tokenizer, parsed.messages)
-        return mask_incremental(tokenizer, parsed.messages)
-    except jinja2.TemplateError as e:
-        raise RecordError("template_error", f"the chat template refused the conversation: {e}") from e
-
-
-def has_generation_markers(chat_template: str | None) -> bool:
-    if not chat_template:
-        raise ValueError("the tokenizer has no chat template; chat records need one")
-    return bool(_GENERATION_TAG.search(chat_template))
-
-
-def mask_from_markers(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
-    """The template's {% generation %} spans, mapped to tokens by transformers."""
-    out = tokenizer.apply_chat_template(
-        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-    )
-    return list(out["input_ids"]), list(out["assistant_masks"])
-
-
-def mask_incremental(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
-    """For templates without generation markers (Kimi's own): the tokens each assistant message adds.
-
-    The prefix before message i, rendered with the generation prompt, ends where the assistant's content starts;
-    the prefix through message i ends after its end-of-turn token. Both must be token prefixes of the whole
-    conversation, else the template rewrites history (e.g. drops earlier reasoning) and this method cannot apply.
-    """
-    input_ids = _encode_chat(tokenizer, messages, add_generation_prompt=False)
-    loss_mask = [0] * len(input_ids)
-    for index, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        start = _prefix_length(tokenizer, messages[:index], True, input_ids, index)
-        end = _prefix_length(tokenizer, messages[: index + 1], False, input_ids, index)
-        loss_mask[start:end] = [1] * (end - start)
-    return input_ids, loss_mask
-
-
-def _prefix_length(
-    tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool, full_ids: list[int], index: int
-) -> int:
-    prefix_ids = _encode_chat(tokenizer, messages, add_generation_prompt=add_generation_prompt)
-    if prefix_ids != full_ids[: len(prefix_ids)]:
-        raise RecordError(
-            "template_not_incremental",
-            f"rendering up to message {index} ({len(prefix_ids)} tokens) is not a prefix of the whole conversation "
-            f"({len(full_ids)} tokens), so the assistant tokens cannot be located without generation markers",
-        )
-    return len(prefix_ids)
-
-
-def _encode_chat(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
-    # render_jinja_template, unlike apply_chat_template, accepts the empty prefix before a leading assistant turn.
-    rendered, _ = render_jinja_template(
-        conversations=[messages],
-        chat_template=tokenizer.get_chat_template(),
-        add_generation_prompt=add_generation_prompt,
-        **tokenizer.special_tokens_map,
-    )
-    # The same call apply_chat_template makes: the template already wrote every special token.
-    return list(tokenizer(rendered[0], add_special_tokens=False)["input_ids"])
 
 
 def write_rejects(path: Path, rejects: Sequence[Reject]) -> None:

@@ -20,9 +20,16 @@ import pyarrow.parquet as pq
 from pipeline.data.compression import COMPRESSION_SUFFIXES, codec_of, format_suffix, open_data, read_all
 
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
-OPENAI_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
+OPENAI_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 SHAREGPT_ROLES = {**OPENAI_ROLES, "human": "user", "gpt": "assistant"}
 PARQUET_BATCH_ROWS = 256
+# Content parts and record fields that carry media (OpenAI, Anthropic-style and LLaVA/ShareGPT exports). The capture is
+# text-only: such a record is rejected, never captured with its media left out or replaced by placeholders.
+MEDIA_PART_TYPES = {"image", "image_url", "input_image", "audio", "audio_url", "input_audio", "video", "video_url",
+                    "input_video", "file", "input_file"}
+MEDIA_FIELDS = ("image", "images", "audio", "audios", "video", "videos")
+# Message fields passed on to the chat template besides role and content (tool use and reasoning, as Kimi's has them).
+TOOL_CALL_FIELDS = ("tool_calls", "reasoning_content", "tool_call_id", "name")
 
 
 class RecordError(Exception):
@@ -45,10 +52,12 @@ class RawRecord:
 
 @dataclass(frozen=True, slots=True)
 class Parsed:
-    """Either a chat (`messages`, role/content strings) rendered through the chat template, or raw `text`."""
+    """Either a chat (`messages`: role, content and tool fields; `tools`: the declared tools) rendered through the chat
+    template, or raw `text`."""
 
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None
     text: str | None = None
+    tools: list[Any] | None = None
 
 
 def check_readable(path: str | Path) -> None:
@@ -153,13 +162,16 @@ def parse_record(value: Any) -> Parsed:
     present = {key: val for key, val in value.items() if val is not None}
     if not present:
         raise RecordError("empty", "record has no fields" if not value else "every field is null")
+    _reject_media_fields(present)
+    tools = _tools(present.get("tools"))
     if "messages" in present:
-        return Parsed(messages=_parse_turns(present["messages"], "messages", ("role", "content"), OPENAI_ROLES))
+        messages = _parse_turns(present["messages"], "messages", ("role", "content"), OPENAI_ROLES)
+        return Parsed(messages=messages, tools=tools)
     if "conversations" in present:
         turns = present["conversations"]
-        return Parsed(messages=_parse_turns(turns, "conversations", ("from", "value"), SHAREGPT_ROLES))
+        return Parsed(messages=_parse_turns(turns, "conversations", ("from", "value"), SHAREGPT_ROLES), tools=tools)
     if "prompt" in present:
-        return Parsed(messages=_parse_prompt(present))
+        return Parsed(messages=_parse_prompt(present), tools=tools)
     if "text" in present:
         return Parsed(text=_text_content(present["text"], "text"))
     raise RecordError(
@@ -167,7 +179,22 @@ def parse_record(value: Any) -> Parsed:
     )
 
 
-def _parse_turns(turns: Any, field: str, keys: tuple[str, str], roles: dict[str, str]) -> list[dict[str, str]]:
+def _reject_media_fields(record: dict[str, Any]) -> None:
+    for name in MEDIA_FIELDS:
+        if record.get(name) not in (None, [], "", {}):
+            raise RecordError("media_content", f"the record has {name!r}: the capture is text-only (image, audio and "
+                                               f"video inputs are not supported)")
+
+
+def _tools(tools: Any) -> list[Any] | None:
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+        raise RecordError("unknown_format", f"tools is a {_kind(tools)}, expected a list of tool objects")
+    return tools
+
+
+def _parse_turns(turns: Any, field: str, keys: tuple[str, str], roles: dict[str, str]) -> list[dict[str, Any]]:
     messages = _turns(turns, field, keys, roles)
     _require_assistant(messages)
     return messages
@@ -187,9 +214,30 @@ def _turns(turns: Any, field: str, keys: tuple[str, str], roles: dict[str, str])
         role = roles.get(raw_role) if isinstance(raw_role, str) else None
         if role is None:
             raise RecordError("unknown_role", f"{field}[{index}] has role {raw_role!r}; known: {sorted(roles)}")
-        content = _text_content(turn.get(content_key, turn.get("content")), f"{field}[{index}]")
-        messages.append({"role": role, "content": content})
+        where = f"{field}[{index}]"
+        extra = _tool_fields(turn, role, where)
+        content = turn.get(content_key, turn.get("content"))
+        if extra.get("tool_calls") and (content is None or content == ""):
+            content = ""  # an assistant turn that only calls tools
+        else:
+            content = _text_content(content, where)
+        messages.append({"role": role, "content": content, **extra})
     return messages
+
+
+def _tool_fields(turn: dict[str, Any], role: str, where: str) -> dict[str, Any]:
+    extra = {key: turn[key] for key in TOOL_CALL_FIELDS if turn.get(key) not in (None, [], "")}
+    calls = extra.get("tool_calls")
+    if calls is not None:
+        if role != "assistant":
+            raise RecordError("unknown_format", f"{where} has tool_calls but role {role!r}; only assistants call tools")
+        if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
+                                                  and "name" in c["function"] for c in calls):
+            raise RecordError("unknown_format", f"{where}.tool_calls must be a list of {{function: {{name, ...}}}}")
+    for key in ("reasoning_content", "tool_call_id", "name"):
+        if key in extra and not isinstance(extra[key], str):
+            raise RecordError("unknown_format", f"{where}.{key} is a {_kind(extra[key])}, expected a string")
+    return extra
 
 
 def _parse_prompt(record: dict[str, Any]) -> list[dict[str, str]]:
@@ -211,7 +259,7 @@ def _prompt_part(value: Any, field: str, role: str) -> list[dict[str, str]]:
     return [{"role": role, "content": _text_content(value, field)}]
 
 
-def _require_assistant(messages: list[dict[str, str]]) -> None:
+def _require_assistant(messages: list[dict[str, Any]]) -> None:
     # Generating missing answers is the job of a regeneration stage, not of data preparation.
     if not any(message["role"] == "assistant" for message in messages):
         roles = [message["role"] for message in messages]
@@ -233,6 +281,9 @@ def _join_text_parts(parts: list[Any], where: str) -> str:
     texts = []
     for index, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, dict) else _kind(part)
+        if kind in MEDIA_PART_TYPES or (isinstance(part, dict) and MEDIA_PART_TYPES & part.keys()):
+            raise RecordError("media_content", f"{where} content part {index} is {kind!r}: the capture is text-only "
+                                               f"(image, audio and video inputs are not supported)")
         if kind != "text" or not isinstance(part.get("text"), str):
             raise RecordError("non_text_content", f"{where} content part {index} is {kind!r}, only text is supported")
         texts.append(part["text"])

@@ -10,17 +10,28 @@ ranks), so a special-token string inside text encodes as its control token and n
 """
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 from typing import Any
 
 import tiktoken
-from tiktoken.load import load_tiktoken_bpe
 from transformers import PreTrainedTokenizer
 
 VOCAB_FILES_NAMES = {"vocab_file": "tiktoken.model"}
 # GPT-2's pre-tokenization split: the ranks were trained over exactly these pieces.
 PAT_STR = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def read_ranks(path: str) -> dict[bytes, int]:
+    """The `base64(bytes) rank` lines of a tiktoken BPE file, read from the file itself each time.
+
+    Not tiktoken.load.load_tiktoken_bpe: it caches every file it reads under the temp directory keyed by the path
+    alone, so a checkpoint rewritten in place would load its old vocabulary.
+    """
+    with open(path, "rb") as f:
+        lines = f.read().splitlines()
+    return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in lines if line)}
 
 
 def _byte_symbols() -> list[str]:
@@ -44,7 +55,7 @@ class TikTokenTokenizer(PreTrainedTokenizer):
                  unk_token: str = "[UNK]", pad_token: str = "[PAD]", **kwargs: Any) -> None:
         # Set before the base class runs: its __init__ already asks for the vocabulary.
         self.vocab_file = vocab_file
-        ranks = load_tiktoken_bpe(vocab_file)
+        ranks = read_ranks(vocab_file)
         self._encoding = tiktoken.Encoding(name=os.path.basename(os.path.dirname(os.path.abspath(vocab_file))),
                                            pat_str=PAT_STR, mergeable_ranks=ranks, special_tokens={})
         table = _byte_symbols()

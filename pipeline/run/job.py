@@ -12,7 +12,9 @@ from omegaconf import DictConfig
 
 from pipeline import provenance
 from pipeline.config import ConfigError, resolved_dict, to_config
+from pipeline.data.mask import MaskOptions
 from pipeline.data.prepare import PreparedData, prepare, write_rejects
+from pipeline.data.remote_code import load_tokenizer
 from pipeline.run.capture import StageSettings, UnitResult
 from pipeline.run.executor import Executor
 from pipeline.run.gate import DiffGate, GateOutcome
@@ -49,13 +51,11 @@ class RunSummary:
 
 
 def _prepare(run: ResolvedRun) -> tuple[PreparedData, str | None]:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(run.model.path))
+    tokenizer = load_tokenizer(run.model.path, run.cfg.model.trust_remote_code)
     data = run.cfg.data
     try:
         prepared = prepare(run.data_path, tokenizer, max_length=data.max_length, length_policy=data.length_policy,
-                           limit=data.limit)
+                           limit=data.limit, mask=MaskOptions.of(data))
     except (ValueError, UnicodeDecodeError) as e:  # a file that is not what its format says (e.g. malformed JSON)
         raise ConfigError(f"data.path={str(run.data_path)!r}: {e}") from e
     log.info("prepared %d samples (%d tokens) from %s; %d rejected", len(prepared.samples),
@@ -127,7 +127,7 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
     gate = DiffGate.create(cfg, run.model, run.points, run.out_dir)  # None when diff.gate=off
     config = resolved_dict(dcfg)
     prepared, chat_template = _prepare(run)
-    digests = provenance.model_digests(run.model, chat_template)
+    digests = provenance.model_digests(run.model, chat_template, cfg.model.trust_remote_code)
     record = _run_record(run, config, prepared, digests)
     # One writer per run directory, from the decision about what it holds to the manifest (pipeline.run.lock).
     with OutDirLock(run.out_dir, wait=cfg.wait_for_lock) as lock:
@@ -145,7 +145,7 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
             log.info("%s %s: %d units of at most %d tokens", plan, run.out_dir, len(units),
                      cfg.runner.max_tokens_per_shard)
             prov = provenance.build(model=run.model, digests=digests, engine=executor.info(), points=run.points,
-                                    config=config, diff=outcome.summary)
+                                    config=config, diff=outcome.summary, loss_mask=prepared.loss_mask)
             settings = StageSettings(points=run.points, hidden_size=run.model.hidden_size,
                                      batch_size=cfg.engine.batch_size, storage_dtype=cfg.runner.storage_dtype,
                                      overlap_writes=cfg.runner.overlap_writes, lease_token=lock.token,

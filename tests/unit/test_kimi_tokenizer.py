@@ -82,3 +82,16 @@ def test_rewrite_is_byte_identical(kimi_dir, tmp_path):
     write_kimi_tokenizer(tmp_path)
     for path in kimi_dir.iterdir():
         assert hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256((tmp_path / path.name).read_bytes()).digest()
+
+
+def test_a_vocabulary_rewritten_in_place_is_read_again(kimi_dir, tmp_path):
+    """tiktoken's own loader caches by path; the tokenizer must read the file as it is now."""
+    model_dir = tmp_path / "tok"
+    write_kimi_tokenizer(model_dir)
+    before = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=True).encode("a", add_special_tokens=False)
+    lines = (model_dir / "tiktoken.model").read_text().splitlines()
+    a, b = ord("a"), ord("b")
+    lines[a], lines[b] = f"{lines[b].split()[0]} {a}", f"{lines[a].split()[0]} {b}"  # swap the ranks of a and b
+    (model_dir / "tiktoken.model").write_text("\n".join(lines) + "\n")
+    after = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=True).encode("a", add_special_tokens=False)
+    assert before == [a] and after == [b]

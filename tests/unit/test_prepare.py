@@ -13,8 +13,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from pipeline.core.contracts import Reject
+from pipeline.data.mask import ChatTokenizer, mask_from_markers, mask_incremental
 from pipeline.data.prepare import PreparedData, prepare, write_rejects
-from pipeline.data.sources import check_readable
+from pipeline.data.sources import Parsed, RecordError, check_readable
 from pipeline.models.tokenizer import build_tokenizer, bundled_conversations_path
 
 CHAT = [
@@ -85,7 +86,7 @@ REJECT_CASES = [
     ("unknown_role", {"conversations": [{"from": "narrator", "value": "x"}, {"from": "gpt", "value": "y"}]}),
     ("no_assistant_turn", {"prompt": "Write a poem."}),
     ("no_assistant_turn", {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}),
-    ("non_text_content", {"messages": [{"role": "user", "content": IMAGE_PART}, ANSWER]}),
+    ("media_content", {"messages": [{"role": "user", "content": IMAGE_PART}, ANSWER]}),
     ("non_text_content", {"messages": [{"role": "user", "content": 42}, ANSWER]}),
     ("non_text_content", {"text": {"nested": True}}),
 ]
@@ -144,21 +145,33 @@ def test_loss_mask_is_exactly_assistant_content_and_im_end(tok, tmp_path):
     assert masked.count(im_end) == 2
 
 
-def test_fallback_mask_equals_marker_mask(tok, tok_without_markers):
-    with_markers = prepare(bundled_conversations_path(), tok, max_length=8192, length_policy="reject")
-    fallback = prepare(bundled_conversations_path(), tok_without_markers, max_length=8192, length_policy="reject")
-    assert fallback.rejects == [] and len(fallback.samples) == len(with_markers.samples) >= 64
-    for a, b in zip(with_markers.samples, fallback.samples):
-        assert np.array_equal(a.input_ids_T, b.input_ids_T) and np.array_equal(a.loss_mask_T, b.loss_mask_T)
+def _bundled_messages() -> list[list[dict]]:
+    lines = bundled_conversations_path().read_text(encoding="utf-8").splitlines()
+    return [json.loads(line)["messages"] for line in lines if line.strip()]
 
 
-def test_fallback_mask_on_leading_assistant_turn(tok, tok_without_markers, tmp_path):
-    """Kimi-style templates insert a default system turn, so the empty prefix is not a token prefix: say so."""
-    record = {"messages": [{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Hi"}]}
-    path = write_jsonl(tmp_path / "d.jsonl", [record, GOOD])
-    assert run(path, tok).samples[0].num_loss_tokens > 0
-    data = run(path, tok_without_markers)
-    assert [r.reason for r in data.rejects] == ["template_not_incremental"] and data.samples[0].row == 1
+def test_every_mask_method_agrees_on_the_bundled_set(tok, tok_without_markers):
+    """The special-id scan (what prepare uses for Kimi-style tokenizers), the {% generation %} spans and the
+    incremental fallback find the same ids and the same assistant tokens."""
+    chat = ChatTokenizer(tok)
+    assert chat.method == "special_ids" and ChatTokenizer(tok_without_markers).method == "special_ids"
+    conversations = _bundled_messages()
+    assert len(conversations) >= 64
+    for messages in conversations:
+        by_ids = chat.tokenize(Parsed(messages=messages))
+        assert by_ids == mask_from_markers(tok, messages) == mask_incremental(tok_without_markers, messages)
+
+
+def test_leading_assistant_turn(tok, tok_without_markers, tmp_path):
+    """Kimi-style templates insert a default system turn, so the empty prefix is not a token prefix: the incremental
+    fallback says so, while the special ids find the turn."""
+    messages = [{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Hi"}]
+    path = write_jsonl(tmp_path / "d.jsonl", [{"messages": messages}, GOOD])
+    sample = run(path, tok_without_markers).samples[0]
+    assert tok.decode(sample.input_ids_T[sample.loss_mask_T == 1].tolist()) == "Hello!<|im_end|>"
+    with pytest.raises(RecordError) as e:
+        mask_incremental(tok_without_markers, messages)
+    assert e.value.reason == "template_not_incremental"
 
 
 SHAREGPT_ROLE = {"system": "system", "user": "human", "assistant": "gpt"}
