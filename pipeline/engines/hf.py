@@ -132,6 +132,7 @@ class HFEngine(Engine):
             points=self._point_sources(),
             extra={"model_class": type(self.model).__name__, "wrapper_class": self._layout.wrapper_class,
                    "text_class": self._layout.text_class, "trust_remote_code": self.trust_remote_code,
+                   "mla_norm_eps_set_to_config": self._layout.mla_norm_eps,
                    "device": str(self.model.device)},
         )
 

@@ -31,6 +31,21 @@ class RemoteCodeRequired(ValueError):
 class TextModelLayout:
     wrapper_class: str | None  # the checkpoint's architecture when it wraps the text model, else None
     text_class: str  # the class that holds the decoder layers that are captured
+    mla_norm_eps: float | None = None  # set on the MLA latent norms (see _align_mla_norm_eps), None: left as loaded
+
+
+def _align_mla_norm_eps(model) -> float | None:
+    """transformers' DeepSeek-V3 builds the MLA latent norms (q_a_layernorm, kv_a_layernorm) with a fixed eps of 1e-6,
+    while vLLM and SGLang use config.rms_norm_eps for them. The two agree for DeepSeek-V3 (1e-6) but not for
+    Kimi-K2.5 (1e-5): float32 captures then differ by ~1e-5 per few layers. The reference follows the serving
+    engines (and the config); provenance records it."""
+    eps = getattr(model.config, "rms_norm_eps", None)
+    norms = [m for name, m in model.named_modules() if name.endswith(("q_a_layernorm", "kv_a_layernorm"))]
+    if eps is None or not norms or all(getattr(m, "variance_epsilon", eps) == eps for m in norms):
+        return None
+    for m in norms:
+        m.variance_epsilon = eps
+    return float(eps)
 
 
 def remote_code_error(path: str, what: str, error: Exception) -> RemoteCodeRequired:
@@ -60,7 +75,8 @@ def load_text_model(path: str, *, trust_remote_code: bool = False, **kwargs: Any
     if mapping is None:
         model = AutoModelForCausalLM.from_pretrained(path, config=config, trust_remote_code=trust_remote_code,
                                                      **kwargs)
-        return model, TextModelLayout(wrapper_class=None, text_class=type(model).__name__)
+        return model, TextModelLayout(wrapper_class=None, text_class=type(model).__name__,
+                                      mla_norm_eps=_align_mla_norm_eps(model))
     from transformers import DeepseekV3ForCausalLM
 
     text_config = copy.deepcopy(config.get_text_config())
@@ -77,4 +93,5 @@ def load_text_model(path: str, *, trust_remote_code: bool = False, **kwargs: Any
         raise ValueError(f"model.path={path!r}: the {config.model_type} checkpoint's text model did not load "
                          f"{len(missing)} weight(s), e.g. {missing[:3]}")
     wrapper = (getattr(config, "architectures", None) or [type(config).__name__])[0]
-    return model, TextModelLayout(wrapper_class=wrapper, text_class=type(model).__name__)
+    return model, TextModelLayout(wrapper_class=wrapper, text_class=type(model).__name__,
+                                  mla_norm_eps=_align_mla_norm_eps(model))

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from pipeline.core.contracts import EngineSpec
-from pipeline.engines.process.remote import EngineWorkerError
 from pipeline.engines.registry import make_engine
 from pipeline.models.hf_text import load_text_model
 from pipeline.models.info import read_model_info
@@ -84,7 +83,17 @@ def test_provenance_names_the_wrapper_and_the_text_class(captured):
         assert info.extra["language_model_only"] is True
 
 
-def test_vllm_refuses_the_remote_code_tokenizer_when_not_allowed(tiny_model):
-    skip_without("vllm")
-    with pytest.raises(EngineWorkerError, match=r"model\.trust_remote_code"):
-        _capture("vllm", tiny_model(WRAPPED), trust_remote_code=False)
+def test_a_config_that_needs_remote_code_is_refused_naming_the_setting(tiny_model, tmp_path):
+    """A wrapper whose model_type transformers does not know can only be read through its auto_map module: with
+    model.trust_remote_code off the HF engine's loader refuses it, naming the setting (before any weight is read)."""
+    import json
+    import shutil
+
+    from pipeline.models.hf_text import RemoteCodeRequired
+
+    source = tiny_model(WRAPPED)
+    config = json.loads((source / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "kimi_k25_unknown"}))
+    shutil.copy(source / "configuration_kimi_k25.py", tmp_path)
+    with pytest.raises(RemoteCodeRequired, match=r"set model\.trust_remote_code=true"):
+        load_text_model(str(tmp_path), trust_remote_code=False)
