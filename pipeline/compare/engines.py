@@ -30,7 +30,8 @@ def _model_path(entry: EngineEntry, model: ModelInfo, where: str) -> str:
     return str(Path(entry.model_path))
 
 
-def probe_run(entry: EngineEntry, *, role: str, model: ModelInfo, points: Sequence[Point], where: str) -> ProbeRun:
+def probe_run(entry: EngineEntry, *, role: str, model: ModelInfo, points: Sequence[Point], where: str,
+              trust_remote_code: bool = False) -> ProbeRun:
     """The entry as one engine to probe; config errors name `where`."""
     try:
         check_name(entry.name)
@@ -41,7 +42,7 @@ def probe_run(entry: EngineEntry, *, role: str, model: ModelInfo, points: Sequen
     except ValueError as e:
         raise ConfigError(f"{where} ({entry.display}): {e}") from e
     return ProbeRun(label=entry.display, role=role, spec=spec, model_path=_model_path(entry, model, where),
-                    points=list(points))
+                    points=list(points), trust_remote_code=trust_remote_code)
 
 
 def reference_entry(value: Any) -> EngineEntry:
@@ -61,10 +62,12 @@ def other_entries(values: Any, where: str, reference: EngineEntry) -> list[Engin
 
 
 def comparison(reference: Any, others: Any, where: str, *, model: ModelInfo, all_points: Sequence[Point],
-               points: Sequence[Point]) -> list[ProbeRun]:
+               points: Sequence[Point], trust_remote_code: bool = False) -> list[ProbeRun]:
     """The reference (capturing `all_points`) first, then every other entry (capturing `points`)."""
     ref = reference_entry(reference)
-    runs = [probe_run(ref, role="reference", model=model, points=all_points, where="diff.reference")]
+    runs = [probe_run(ref, role="reference", model=model, points=all_points, where="diff.reference",
+                      trust_remote_code=trust_remote_code)]
     for i, entry in enumerate(other_entries(others, where, ref)):
-        runs.append(probe_run(entry, role="engine", model=model, points=points, where=f"{where}[{i}]"))
+        runs.append(probe_run(entry, role="engine", model=model, points=points, where=f"{where}[{i}]",
+                              trust_remote_code=trust_remote_code))
     return runs

@@ -59,6 +59,7 @@ class ProbeRun:
     spec: EngineSpec
     model_path: str
     points: list[Point]
+    trust_remote_code: bool = False  # model.trust_remote_code
     info: dict[str, Any] | None = None  # EngineInfo as a dict, read from the running engine
     batch: list[torch.Tensor] | None = None  # per probe sample [T, P, H]
     repeats: list[list[torch.Tensor]] = field(default_factory=list)
@@ -73,7 +74,8 @@ class ProbeRun:
         return {**self.spec.describe(), "model_path": self.model_path}
 
     def make(self, num_layers: int) -> Engine:
-        return make_engine(self.spec, model_path=self.model_path, points=self.points, num_layers=num_layers)
+        return make_engine(self.spec, model_path=self.model_path, points=self.points, num_layers=num_layers,
+                           trust_remote_code=self.trust_remote_code)
 
     @property
     def ok(self) -> bool:

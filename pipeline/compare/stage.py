@@ -59,7 +59,8 @@ def run_diff(dcfg: DictConfig) -> DiffOutcome:
     check_data_path(cfg)
     model = resolve_model(cfg)
     runs = comparison(cfg.diff.reference, cfg.diff.engines, "diff.engines", model=model,
-                      all_points=all_points(model.num_layers), points=diff_points(cfg, model))  # config errors first
+                      all_points=all_points(model.num_layers), points=diff_points(cfg, model),
+                      trust_remote_code=cfg.model.trust_remote_code)  # config errors first
     out_dir = Path(cfg.out_dir)
     samples = probe_data(cfg, model, cfg.diff.probe)
     for run in runs:

@@ -32,9 +32,12 @@ class Engine(abc.ABC):
     # vLLM and SGLang pin their own torch builds; `make_engine` runs such adapters in a worker process there.
     environment: ClassVar[str | None] = None
 
-    def __init__(self, spec: EngineSpec, *, model_path: str, points: Sequence[Point], num_layers: int) -> None:
+    def __init__(self, spec: EngineSpec, *, model_path: str, points: Sequence[Point], num_layers: int,
+                 trust_remote_code: bool = False) -> None:
         self.spec = spec
         self.model_path = model_path
+        # model.trust_remote_code: whether the checkpoint's own Python files (auto_map) may run where it is loaded.
+        self.trust_remote_code = bool(trust_remote_code)
         self.dtype = str(spec.dtype)
         self.options = dict(spec.options)
         self.points = list(points)

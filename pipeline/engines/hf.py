@@ -13,6 +13,7 @@ import torch
 
 from pipeline.core.contracts import Capture, EngineInfo, PointSource, PreparedSample
 from pipeline.engines.base import Engine
+from pipeline.models.hf_text import load_text_model
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -22,11 +23,12 @@ class HFEngine(Engine):
 
     def start(self) -> None:
         import transformers
-        from transformers import AutoModelForCausalLM
 
         dtype: Any = "auto" if self.dtype == "auto" else _DTYPES[self.dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=dtype, attn_implementation=self.options.get("attn_implementation", "sdpa"))
+        # A multimodal wrapper (Kimi-K2.5) loads as the text model inside it: pipeline.models.hf_text.
+        self.model, self._layout = load_text_model(
+            self.model_path, trust_remote_code=self.trust_remote_code, dtype=dtype,
+            attn_implementation=self.options.get("attn_implementation", "sdpa"))
         self.model.eval()
         self._loaded_dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in self.model.parameters()})
         if dtype != "auto":
@@ -128,7 +130,10 @@ class HFEngine(Engine):
             parallel={"tp": 1, "pp": 1, "dp": 1},
             libraries=self._versions,
             points=self._point_sources(),
-            extra={"model_class": type(self.model).__name__, "device": str(self.model.device)},
+            extra={"model_class": type(self.model).__name__, "wrapper_class": self._layout.wrapper_class,
+                   "text_class": self._layout.text_class, "trust_remote_code": self.trust_remote_code,
+                   "mla_norm_eps_set_to_config": self._layout.mla_norm_eps,
+                   "device": str(self.model.device)},
         )
 
     def close(self) -> None:

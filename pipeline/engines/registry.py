@@ -59,14 +59,16 @@ def engine_python(cls: type[Engine], options: dict) -> str | None:
     return str(exe)
 
 
-def make_engine(spec: EngineSpec, *, model_path: str, points: Sequence[Point], num_layers: int) -> Engine:
+def make_engine(spec: EngineSpec, *, model_path: str, points: Sequence[Point], num_layers: int,
+                trust_remote_code: bool = False) -> Engine:
     """An engine ready to start: in this process, or in a worker running in the engine's own environment."""
     cls = engine_class(spec.name)
     exe = engine_python(cls, spec.options)
     if exe is None:
-        return cls(spec, model_path=model_path, points=points, num_layers=num_layers)
+        return cls(spec, model_path=model_path, points=points, num_layers=num_layers,
+                   trust_remote_code=trust_remote_code)
     if not Path(exe).exists():
         raise FileNotFoundError(f"engine={spec.name!r} runs in its own environment, but {exe} does not exist; "
                                 f"run scripts/setup.sh (or set engine.options.python)")
     return RemoteEngine(spec, target=_REGISTRY[spec.name], python=exe, model_path=model_path, points=points,
-                        num_layers=num_layers)
+                        num_layers=num_layers, trust_remote_code=trust_remote_code)

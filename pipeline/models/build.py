@@ -1,7 +1,9 @@
 """Builds one tiny model directory: config, seeded weights, tokenizer, and (for Kimi) the INT4 expert format.
 
 The Kimi-architecture recipes share one set of base weights (same seed, same tensor names), so the INT4 model, its
-bf16 twin and the default-rope variant differ only where they are meant to.
+bf16 twin and the default-rope variant differ only where they are meant to; the Kimi-K2.5 recipes (61 layers) wrap the
+same kind of text model in K2.5's multimodal layout (`pipeline.models.k25`), and their plain twin holds the very same
+text weights.
 """
 from __future__ import annotations
 
@@ -95,36 +97,98 @@ LLAMA_TINY: dict[str, Any] = {
 @dataclass(frozen=True, kw_only=True)
 class Recipe:
     name: str
-    family: str  # "kimi" (DeepseekV3ForCausalLM) or "llama"
-    rope: str = "yarn"  # kimi only: "yarn" (as Kimi ships) or "default"
+    family: str  # "kimi" (DeepSeek-V3 text model) or "llama"
+    # kimi only: "yarn" (Kimi-K2's values), "k25" (Kimi-K2.5's yarn, its 61 layers and positions) or "default"
+    rope: str = "yarn"
     int4_experts: bool = False
+    # kimi only: "causal_lm" (a plain DeepseekV3ForCausalLM checkpoint) or "kimi_k25" (Kimi-K2.5's multimodal
+    # wrapper around the same text model: pipeline.models.k25)
+    layout: str = "causal_lm"
+    # "bpe" (pipeline.models.tokenizer: a fast tokenizer, Kimi-K2's special tokens) or "kimi" (Kimi-K2.5's own
+    # shape: a remote-code tiktoken tokenizer, pipeline.models.kimi_tokenizer; loading it needs trust_remote_code)
+    tokenizer: str = "bpe"
     description: str = ""
 
     def spec(self) -> dict[str, Any]:
         """Everything that decides the files, for the builder digest."""
+        from pipeline.models import k25
+
         base = KIMI_TINY if self.family == "kimi" else LLAMA_TINY
-        return {"recipe": self.__dict__, "config": base, "yarn": KIMI_YARN, "seed": SEED, "logit_scale": LOGIT_SCALE}
+        return {"recipe": self.__dict__, "config": base, "yarn": KIMI_YARN, "seed": SEED, "logit_scale": LOGIT_SCALE,
+                "k25": {"yarn": k25.K25_YARN, "text": k25.K25_TEXT_OVERRIDES, "vision": k25.vision_config(0)}}
+
+    def text_config(self) -> dict[str, Any]:
+        if self.family != "kimi":
+            return dict(LLAMA_TINY)
+        if self.rope == "k25":
+            from pipeline.models.k25 import K25_TEXT_OVERRIDES
+
+            return {**KIMI_TINY, **K25_TEXT_OVERRIDES}
+        return dict(KIMI_TINY)
+
+    def rope_scaling(self) -> dict[str, Any] | None:
+        if self.family != "kimi" or self.rope == "default":
+            return None
+        if self.rope == "k25":
+            from pipeline.models.k25 import K25_YARN
+
+            return dict(K25_YARN)
+        return dict(KIMI_YARN)
+
+
+def write_tokenizer(recipe: Recipe, out_dir: Path) -> None:
+    """The one place the tiny models' tokenizer is written."""
+    if recipe.tokenizer == "kimi":
+        from pipeline.models.kimi_tokenizer import write_kimi_tokenizer
+
+        write_kimi_tokenizer(out_dir)
+    else:
+        from pipeline.models.tokenizer import build_tokenizer
+
+        build_tokenizer(out_dir)
 
 
 def build_model_dir(recipe: Recipe, out_dir: Path) -> None:
     """Writes the complete model (minus the completion marker) into the empty directory out_dir."""
-    from pipeline.models.tokenizer import build_tokenizer
-
-    build_tokenizer(out_dir)
-    token_ids = _special_token_ids(out_dir)
+    _check_recipe(recipe)
+    write_tokenizer(recipe, out_dir)
+    token_ids = _special_token_ids(out_dir, trust_remote_code=recipe.tokenizer == "kimi")
     config = _hf_config(recipe, token_ids)
     names_shapes = _checkpoint_layout(config, out_dir)
     tensors = {name: _init_tensor(name, shape) for name, shape in names_shapes.items()}
     if recipe.family == "kimi":
         tensors = _kimi_tensors(recipe, tensors)
-    _save_safetensors(tensors, out_dir / "model.safetensors")
     _patch_config_json(recipe, out_dir / "config.json")
+    if recipe.layout == "kimi_k25":
+        tensors = _wrap_k25(recipe, tensors, out_dir)
+    _save_safetensors(tensors, out_dir / "model.safetensors")
 
 
-def _special_token_ids(model_dir: Path) -> dict[str, int | None]:
+def _check_recipe(recipe: Recipe) -> None:
+    if recipe.tokenizer not in ("bpe", "kimi"):
+        raise ValueError(f"recipe {recipe.name!r}: tokenizer={recipe.tokenizer!r} is not one of ['bpe', 'kimi']")
+    if recipe.rope not in ("yarn", "k25", "default"):
+        raise ValueError(f"recipe {recipe.name!r}: rope={recipe.rope!r} is not one of ['yarn', 'k25', 'default']")
+    if recipe.layout not in ("causal_lm", "kimi_k25") or (recipe.layout == "kimi_k25" and recipe.family != "kimi"):
+        raise ValueError(f"recipe {recipe.name!r}: layout={recipe.layout!r} (family {recipe.family!r}): kimi_k25 "
+                         f"wraps a kimi-family text model; otherwise causal_lm")
+
+
+def _wrap_k25(recipe: Recipe, text_tensors: dict, out_dir: Path) -> dict:
+    from pipeline.models import k25
+
+    text_config = json.loads((out_dir / "config.json").read_text())
+    hidden = int(text_config["hidden_size"])
+    vision = {name: _init_tensor(name, shape) for name, shape in k25.vision_layout(hidden).items()}
+    k25.write_wrapper_files(out_dir, text_config, text_config.pop("quantization_config", None))
+    return k25.wrap_tensors(text_tensors, vision)
+
+
+def _special_token_ids(model_dir: Path, *, trust_remote_code: bool) -> dict[str, int | None]:
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    # The remote code here is this project's own tokenization_kimi.py, just written into model_dir.
+    tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
     if len(tok) > VOCAB_SIZE:
         raise ValueError(f"tokenizer in {model_dir} has {len(tok)} tokens; the tiny models' vocab_size is {VOCAB_SIZE}")
     ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
@@ -137,13 +201,13 @@ def _hf_config(recipe: Recipe, token_ids: dict[str, int | None]):
     if recipe.family == "kimi":
         from transformers import DeepseekV3Config
 
-        rope = dict(KIMI_YARN) if recipe.rope == "yarn" else {"rope_type": "default"}
+        rope = recipe.rope_scaling() or {"rope_type": "default"}
         rope["rope_theta"] = KIMI_ROPE_THETA
-        return DeepseekV3Config(**KIMI_TINY, rope_parameters=rope, **token_ids)
+        return DeepseekV3Config(**recipe.text_config(), rope_parameters=rope, **token_ids)
     if recipe.family == "llama":
         from transformers import LlamaConfig
 
-        return LlamaConfig(**LLAMA_TINY, **token_ids)
+        return LlamaConfig(**recipe.text_config(), **token_ids)
     raise ValueError(f"recipe {recipe.name!r}: family={recipe.family!r} is not one of ['kimi', 'llama']")
 
 
@@ -236,7 +300,7 @@ def _patch_config_json(recipe: Recipe, path: Path) -> None:
     # transformers 5 reads rope_parameters; the legacy top-level rope_theta / rope_scaling (Kimi's own keys) are
     # what older readers look for. Both forms are written and say the same thing.
     config["rope_theta"] = config["rope_parameters"]["rope_theta"]
-    config["rope_scaling"] = dict(KIMI_YARN) if recipe.family == "kimi" and recipe.rope == "yarn" else None
+    config["rope_scaling"] = recipe.rope_scaling()
     if recipe.family == "kimi":
         config["moe_layer_freq"] = KIMI_TINY["moe_layer_freq"]  # SGLang reads it; transformers may drop it
         if recipe.int4_experts:

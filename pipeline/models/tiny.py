@@ -45,11 +45,37 @@ RECIPES: dict[str, Recipe] = {
             rope="default",
             description="tiny-kimi-bf16 with plain default rope (hits vLLM's CPU rotary kernel bug)",
         ),
+        Recipe(
+            name="tiny-k25-int4",
+            family="kimi",
+            rope="k25",
+            tokenizer="kimi",
+            layout="kimi_k25",
+            int4_experts=True,
+            description="Kimi-K2.5's checkpoint layout (multimodal wrapper, 61 layers, K2.5 rope, tiny MoonViT), "
+                        "routed experts int4 pack-quantized (compressed-tensors)",
+        ),
+        Recipe(
+            name="tiny-k25-bf16",
+            family="kimi",
+            rope="k25",
+            tokenizer="kimi",
+            layout="kimi_k25",
+            description="bf16 twin of tiny-k25-int4: routed experts hold the dequantized int4 weights",
+        ),
+        Recipe(
+            name="tiny-k25-text-bf16",
+            family="kimi",
+            rope="k25",
+            tokenizer="kimi",
+            description="the text model of tiny-k25-bf16 as a plain DeepseekV3ForCausalLM checkpoint (same weights)",
+        ),
         Recipe(name="tiny-llama", family="llama", description="Llama architecture, GQA, for cross-checks"),
     )
 }
 
-_DIGESTED_MODULES = ("tiny.py", "build.py", "int4.py", "tokenizer.py")
+_DIGESTED_MODULES = ("tiny.py", "build.py", "int4.py", "tokenizer.py", "k25.py", "remote/configuration_kimi_k25.py",
+                     "kimi_tokenizer.py", "tokenization_kimi.py", "kimi_chat_template.jinja")
 _DIGESTED_LIBS = ("torch", "transformers", "compressed-tensors", "safetensors", "tokenizers", "numpy")
 
 

@@ -28,14 +28,17 @@ class UnitsFailed(RuntimeError):
 
 
 class Executor(abc.ABC):
-    def __init__(self, spec: EngineSpec, *, model_path: str, points: Sequence[Point], num_layers: int) -> None:
+    def __init__(self, spec: EngineSpec, *, model_path: str, points: Sequence[Point], num_layers: int,
+                 trust_remote_code: bool = False) -> None:
         self.spec = spec
         self.model_path, self.points, self.num_layers = model_path, list(points), num_layers
+        self.trust_remote_code = trust_remote_code
         self.make_engine()  # constructing loads nothing; an engine whose adapter or environment is absent fails here
 
     def make_engine(self) -> Engine:
         """One replica's engine, not started (also what a Ray actor calls, in its own process)."""
-        return make_engine(self.spec, model_path=self.model_path, points=self.points, num_layers=self.num_layers)
+        return make_engine(self.spec, model_path=self.model_path, points=self.points, num_layers=self.num_layers,
+                           trust_remote_code=self.trust_remote_code)
 
     @abc.abstractmethod
     def __enter__(self) -> "Executor":

@@ -77,7 +77,8 @@ class DiffGate:
         if cfg.diff.gate == "off":
             return None
         others = comparison(cfg.diff.reference, cfg.diff.gate_engines, "diff.gate_engines", model=model,
-                            all_points=all_points(model.num_layers), points=points)
+                            all_points=all_points(model.num_layers), points=points,
+                            trust_remote_code=cfg.model.trust_remote_code)
         for run in others:  # constructing loads nothing; an engine whose environment is absent fails here
             try:
                 run.make(model.num_layers)
@@ -104,7 +105,7 @@ class DiffGate:
         t0 = time.perf_counter()
         c = self.cfg
         run = ProbeRun(label=primary_label(c), role="primary", spec=c.engine, model_path=str(self.model.path),
-                       points=self.points)
+                       points=self.points, trust_remote_code=c.model.trust_remote_code)
         try:
             capture_probe(run, executor, self.samples, c.diff.gate_probe, hidden_size=self.model.hidden_size)
         except Exception as e:  # the report says so and the gate fails

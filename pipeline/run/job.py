@@ -76,7 +76,8 @@ def _run_record(run: ResolvedRun, config: dict[str, Any], prepared: PreparedData
 def _executor(run: ResolvedRun) -> Executor:
     """The configured executor; constructing it loads nothing, but an engine whose adapter or environment is absent
     (or runner=ray without Ray) fails here, before the gate."""
-    where = dict(model_path=str(run.model.path), points=run.points, num_layers=run.model.num_layers)
+    where = dict(model_path=str(run.model.path), points=run.points, num_layers=run.model.num_layers,
+                 trust_remote_code=run.cfg.model.trust_remote_code)
     try:
         if run.cfg.runner.name == "ray":
             return RayExecutor(run.cfg.runner, spec=run.cfg.engine, **where)

@@ -5,6 +5,7 @@
 - `diff`: the composed config for the diff tests (`composed`, `SMALL_PROBE`) and a second Python environment.
 - `faulty_engines`: engines with injected errors (`registered()` puts them in the engine registry).
 - `runs`: real `python -m pipeline.extract` processes with a fault hook, and what the reliability tests check.
+- `reference`: the independent layer-by-layer computation captured points are checked against.
 - `markers`: skip markers for an engine whose own virtualenv is absent (`needs_vllm`, `needs_sglang`).
 
 The fixtures (`compose_cfg`, `tiny_model`, `models_root`) are in `tests/conftest.py`.

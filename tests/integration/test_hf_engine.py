@@ -9,27 +9,11 @@ from pipeline.core.contracts import EngineSpec
 from pipeline.engines.registry import engine_class
 from pipeline.models.info import read_model_info
 from pipeline.points import parse_points
+from tests.helpers.reference import layer_by_layer as reference_states
 from tests.helpers.samples import rel_l2, samples_of
 
 pytestmark = [pytest.mark.integration]
 REFERENCE_OF = {"tiny-kimi-int4": "tiny-kimi-bf16"}
-
-
-def reference_states(model, ids: np.ndarray) -> dict[str, torch.Tensor]:
-    """Run the decoder layers one by one; the residual stream after each layer is the canonical boundary."""
-    inner = model.get_decoder()
-    x = torch.from_numpy(ids)[None]
-    pos = torch.arange(x.shape[1])[None]
-    with torch.inference_mode():
-        h = inner.embed_tokens(x)
-        states = {"b0": h[0]}
-        rope = inner.rotary_emb(h, pos)
-        for k, layer in enumerate(inner.layers, start=1):
-            h = layer(h, position_embeddings=rope, attention_mask=None, position_ids=pos)  # sdpa: causal when None
-            h = h[0] if isinstance(h, tuple) else h
-            states[f"b{k}"] = h[0]
-        states["final_norm"] = inner.norm(h)[0]
-    return states
 
 
 @pytest.fixture(scope="module", params=["tiny-kimi-int4", "tiny-llama"])

@@ -57,15 +57,20 @@ def _sha256s(model_dir: Path) -> dict[str, str]:
 
 
 def _load(path: Path, **kwargs):
-    from transformers import AutoModelForCausalLM
+    from pipeline.models.hf_text import load_text_model
 
-    return AutoModelForCausalLM.from_pretrained(str(path), **kwargs).eval()
+    return load_text_model(str(path), **kwargs)[0].eval()
+
+
+def _tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    # The K2.5 recipes ship Kimi's remote-code tokenizer shape (this project's own tokenization_kimi.py).
+    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=(path / "tokenization_kimi.py").is_file())
 
 
 def _chat_ids(path: Path) -> torch.Tensor:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(path))
+    tok = _tokenizer(path)
     messages = [
         {"role": "user", "content": "Explain how rotary position embeddings work, in two sentences."},
         {"role": "assistant", "content": "They rotate query and key vectors by an angle that grows with position."},
@@ -81,7 +86,8 @@ def _chat_ids(path: Path) -> torch.Tensor:
 def test_rebuild_into_another_root_is_byte_identical(roots, name):
     a, b = (r / name for r in roots)
     digests_a, digests_b = _sha256s(a), _sha256s(b)
-    assert MARKER in digests_a and "model.safetensors" in digests_a and "tokenizer.json" in digests_a
+    assert MARKER in digests_a and "model.safetensors" in digests_a
+    assert "tokenizer.json" in digests_a or "tiktoken.model" in digests_a
     assert digests_a == digests_b
     for rel in digests_a:  # nothing in the files may depend on where they were built
         assert str(roots[0]).encode() not in (a / rel).read_bytes(), f"{name}/{rel} contains its build path"
@@ -179,17 +185,21 @@ def test_forward_fp32_is_finite_and_well_conditioned(root, name):
     with torch.no_grad():
         out = model(ids, output_hidden_states=True)
     states = [h[0] for h in out.hidden_states]  # boundaries 0..N-1, then the post-norm final
-    assert len(states) == model.config.num_hidden_layers + 1
+    num_layers = model.config.num_hidden_layers
+    assert len(states) == num_layers + 1
+    # The residual stream's RMS grows with depth (~sqrt of the layers added); late layers of a deep stack move it
+    # relatively less. Bounds for the 8-layer recipes, widened by depth for the 61-layer K2.5 ones.
+    max_rms, max_step = (10, 0.99) if num_layers <= 8 else (16, 0.998)
     assert all(torch.isfinite(h).all() for h in states) and torch.isfinite(out.logits).all()
     for b, h in enumerate(states):
         rms = h.pow(2).mean().sqrt().item()
         unit = torch.nn.functional.normalize(h, dim=-1)
         cross_position = (unit @ unit.T)[~torch.eye(len(h), dtype=torch.bool)].mean().item()
-        assert 0.5 < rms < 10, f"boundary {b}: rms={rms:.3f}"
+        assert 0.5 < rms < max_rms, f"boundary {b}: rms={rms:.3f}"
         assert cross_position < 0.5, f"boundary {b}: positions collapse (mean cosine {cross_position:.3f})"
         if 0 < b < len(states) - 1:  # every layer moves the stream, none scrambles it
             step = torch.nn.functional.cosine_similarity(h, states[b - 1], dim=-1).mean().item()
-            assert 0.3 < step < 0.99, f"boundary {b}: cosine to boundary {b - 1} is {step:.3f}"
+            assert 0.3 < step < max_step, f"boundary {b}: cosine to boundary {b - 1} is {step:.3f}"
     probs = out.logits[0].softmax(-1)
     entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1).mean().item()
     assert 0.5 < entropy < 7.0, f"mean next-token entropy {entropy:.2f} nats"
@@ -241,9 +251,7 @@ def test_kimi_config_keys(root, name):
 
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_special_token_ids_agree_with_tokenizer(root, name):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(root / name))
+    tok = _tokenizer(root / name)
     expected = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
     assert expected["eos_token_id"] is not None and len(tok) <= 4096
     for file in ("config.json", "generation_config.json"):

@@ -47,8 +47,9 @@ class RemoteEngine(Engine):
     """The adapter `target` ("module:Class") running in `python`'s environment; it is called by its spec's name."""
 
     def __init__(self, spec: EngineSpec, *, target: str, python: str, model_path: str, points: Sequence[Point],
-                 num_layers: int) -> None:
-        super().__init__(spec, model_path=model_path, points=points, num_layers=num_layers)
+                 num_layers: int, trust_remote_code: bool = False) -> None:
+        super().__init__(spec, model_path=model_path, points=points, num_layers=num_layers,
+                         trust_remote_code=trust_remote_code)
         self.name = spec.name
         self.target, self.python = target, python
         self._proc: subprocess.Popen | None = None
@@ -84,7 +85,8 @@ class RemoteEngine(Engine):
     def start(self) -> None:
         self._spawn()
         init = {"spec": self.spec.describe(), "model_path": self.model_path,
-                "points": [p.label for p in self.points], "num_layers": self.num_layers}
+                "points": [p.label for p in self.points], "num_layers": self.num_layers,
+                "trust_remote_code": self.trust_remote_code}
         self._call({"op": "init", "init": init})
         self._call({"op": "start"})
 

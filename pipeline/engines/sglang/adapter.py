@@ -116,7 +116,8 @@ class SGLangEngine(Engine):
                               aux_layer_ids=self.plan.aux_layer_ids, max_tokens_per_forward=self.max_tokens_per_forward,
                               mem_fraction_static=self.options.get("mem_fraction_static"),
                               attention_backend=backend, tp_size=self.spec.tp_size,
-                              log_level=self.options.get("log_level", "warning"))
+                              log_level=self.options.get("log_level", "warning"),
+                              trust_remote_code=self.trust_remote_code)
 
     def start(self) -> None:
         set_platform_env(self.device)
@@ -133,7 +134,19 @@ class SGLangEngine(Engine):
                              f"raise engine.options.mem_fraction_static")
         if self.plan.needs(TABLE):
             self._table_key, self._table = load_embedding_table(self.model_path, _DTYPES[self._facts["dtype"]])
-        self._session.forward([np.arange(1, 9, dtype=np.int64)])  # one-off compilations happen here, not mid-run
+        # One-off compilations happen here, not mid-run; and the aux states must come back through the loaded
+        # model's own forward (a multimodal wrapper's included), one [H] slice per requested layer.
+        self._check_aux_returned(self._session.forward([np.arange(1, 9, dtype=np.int64)]))
+
+    def _check_aux_returned(self, result) -> None:
+        k = len(self.plan.aux_layer_ids)
+        width = self._facts.get("hidden_size")
+        got = None if result.aux_TKH is None else tuple(result.aux_TKH.shape[1:])
+        if k and got != (k, width):
+            raise RuntimeError(
+                f"SGLang {self._facts['sglang_version']} ({self._facts['model_class']} around "
+                f"{self._facts['text_class']}) was asked for {k} aux states of width {width} per token and its "
+                f"forward returned {got}: the aux capture does not reach the output through this model class")
 
     def _check_layers_to_capture(self) -> None:
         got = self._facts["layers_to_capture"]
@@ -203,7 +216,9 @@ class SGLangEngine(Engine):
                        "transformers": transformers.__version__},
             points=self.plan.sources(self._table_key),
             extra={"runner": "in-process sglang ModelRunner (sglang.benchmark.one_batch recipe), extend only",
-                   "model_class": facts["model_class"], "device": facts["device"],
+                   "model_class": facts["model_class"], "text_class": facts["text_class"],
+                   "wrapper_class": facts["model_class"] if facts["model_class"] != facts["text_class"] else None,
+                   "trust_remote_code": self.trust_remote_code, "device": facts["device"],
                    "aux_layer_ids": self.plan.aux_layer_ids, "layers_to_capture": facts["layers_to_capture"],
                    "aux_anchor_id0_dropped": self.plan.anchor, "radix_cache": "disabled", "cuda_graph": "disabled",
                    "kv_pool_tokens": facts["kv_pool_tokens"], "max_tokens_per_forward": self.max_tokens_per_forward,

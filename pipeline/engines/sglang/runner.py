@@ -33,6 +33,7 @@ class RunnerSettings:
     nccl_port: int | None = None  # torch.distributed rendezvous of the TP ranks (127.0.0.1)
     random_seed: int = 0
     log_level: str = "warning"
+    trust_remote_code: bool = False  # model.trust_remote_code (SGLang then follows config.json's auto_map)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +61,7 @@ def server_args(settings: RunnerSettings):
         disable_cuda_graph=True,  # extend (prefill) only: decode graphs would never run
         max_total_tokens=settings.max_tokens_per_forward, mem_fraction_static=settings.mem_fraction_static,
         skip_tokenizer_init=True, random_seed=settings.random_seed, log_level=settings.log_level,
+        trust_remote_code=settings.trust_remote_code,
         **backend, **capture)
 
 
@@ -168,7 +170,11 @@ class ModelRunnerSession:
         if self.settings.aux_layer_ids:
             # With aux capture, hidden_states holds the packed aux states and last_hidden_states the post-norm ones.
             aux, post_norm = hidden, out.last_hidden_states.cpu()
-            aux = aux.view(aux.shape[0], len(self.settings.aux_layer_ids), post_norm.shape[-1])
+            k, width = len(self.settings.aux_layer_ids), post_norm.shape[-1]
+            if aux.shape[-1] != k * width:  # the seeds' "7168 instead of 3 x 7168": never reshaped into place
+                raise RuntimeError(f"SGLang's forward ({type(self.runner.model).__name__}) returned {aux.shape[-1]} "
+                                   f"aux values per token for {k} aux layers of width {width}")
+            aux = aux.view(aux.shape[0], k, width)
         else:
             aux, post_norm = None, hidden
         return ForwardResult(input_ids_T=fb.input_ids.cpu().to(torch.int64), lengths=list(fb.extend_seq_lens_cpu),
@@ -182,18 +188,21 @@ class ModelRunnerSession:
 
         mr, parallel = self.runner, get_parallel()
         model = mr.model
-        capturing = bool(getattr(model, "capture_aux_hidden_states", False))
+        lm = text_model(model)
+        capturing = bool(getattr(lm, "capture_aux_hidden_states", False))
         return {
             "sglang_version": sglang.__version__,
             "model_class": type(model).__name__,
+            "text_class": type(lm).__name__,  # the class holding the captured layers (the model's own, or inside it)
             "dtype": str(mr.dtype).removeprefix("torch."),
             "device": str(mr.device),
             "attention_backend": f"{resolved_view(self.args).attention_backend} ({type(mr.attn_backend).__name__})",
             "quantization": mr.model_config.quantization,
             "moe": _moe_facts(model, str(mr.device)),
             "parallel": {"tp": parallel.tp_size, "pp": parallel.pp_size},
-            "layers_to_capture": list(model.model.layers_to_capture) if capturing else [],
+            "layers_to_capture": list(lm.model.layers_to_capture) if capturing else [],
             "kv_pool_tokens": int(mr.max_total_num_tokens),
+            "hidden_size": int(mr.model_config.hidden_size),
         }
 
     def close(self) -> None:
@@ -210,6 +219,14 @@ class ModelRunnerSession:
         self.runner = None
         destroy_model_parallel()
         destroy_distributed_environment()
+
+
+def text_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The causal LM whose decoder layers are captured: the model itself, or the language model inside a multimodal
+    wrapper (Kimi-K2.5's KimiK25ForConditionalGeneration delegates the eagle3 capture to `language_model`, and the
+    capture flag and `layers_to_capture` live there, not on the wrapper)."""
+    inner = getattr(model, "language_model", None)
+    return inner if isinstance(inner, torch.nn.Module) else model
 
 
 def _moe_facts(model: torch.nn.Module, device: str) -> dict[str, Any] | None:

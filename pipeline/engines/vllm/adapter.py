@@ -54,7 +54,9 @@ class VLLMOptions:
     max_num_batched_tokens: int | None = None  # tokens per step; longer prompts are prefilled in chunks
     attention_backend: str | None = None  # e.g. CPU_MLA; None = vLLM's choice (float32 MLA on CPU: see below)
     disable_custom_rotary: bool = False  # the documented workaround for vLLM's CPU rotary-kernel bug
-    engine_core_process: bool = False  # True = vLLM's EngineCore in its own process (vLLM's default)
+    # True = vLLM's EngineCore in its own process (vLLM's default); None = in this process, except for a multimodal
+    # wrapper (Kimi-K2.5), which needs its own (`_own_process`)
+    engine_core_process: bool | None = None
     seed: int = 0
     python: str | None = None  # the interpreter (used by make_engine, not here)
 
@@ -73,9 +75,19 @@ class VLLMOptions:
         return opts
 
 
+def _raw_config(model_path: str) -> dict[str, Any]:
+    return json.loads((Path(model_path) / "config.json").read_text())
+
+
 def _checkpoint(model_path: str) -> dict[str, Any]:
-    config = json.loads((Path(model_path) / "config.json").read_text())
+    config = _raw_config(model_path)
     return config.get("text_config") or config
+
+
+def _is_multimodal(model_path: str) -> bool:
+    """A multimodal wrapper around the text model (Kimi-K2.5): it has a vision config beside its text config."""
+    config = _raw_config(model_path)
+    return "text_config" in config and "vision_config" in config
 
 
 def _capture_plan(points: Sequence[Point], num_layers: int) -> list[list]:
@@ -110,7 +122,12 @@ def _dense_twin(model_path: str) -> str:
     return "run a dense (bf16) copy of the checkpoint with its experts dequantized, or run on a GPU"
 
 
-def _explain_start_failure(error: Exception, model_path: str, checkpoint: dict[str, Any]) -> Exception:
+def _explain_start_failure(error: Exception, model_path: str, checkpoint: dict[str, Any],
+                           trust_remote_code: bool) -> Exception:
+    if not trust_remote_code and "trust_remote_code" in str(error):
+        from pipeline.models.hf_text import remote_code_error
+
+        return remote_code_error(model_path, "tokenizer or config", error)
     quant = checkpoint.get("quantization_config")
     if quant is None or not _NO_MOE_KERNEL.search(str(error)):
         return error
@@ -128,20 +145,37 @@ class VLLMEngine(Engine):
     def start(self) -> None:
         self._opts = VLLMOptions.parse(self.options)
         self._ckpt = _checkpoint(self.model_path)
+        self._multimodal = _is_multimodal(self.model_path)
+        self._own_process = self._engine_core_process()
         # Read by vLLM when the engine is created; this worker process belongs to the engine alone.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self._opts.kv_cache_space_gib))
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if self._opts.engine_core_process else "0"
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if self._own_process else "0"
         from vllm import LLM
 
         try:
             self._llm = LLM(**self._llm_kwargs())
         except Exception as e:
-            raise _explain_start_failure(e, self.model_path, self._ckpt) from e
+            raise _explain_start_failure(e, self.model_path, self._ckpt, self.trust_remote_code) from e
         layout = self._rpc("capture_install", _capture_plan(self.points, self.num_layers))
         if layout["num_layers"] != self.num_layers:
             raise ValueError(f"model.path={self.model_path!r}: vLLM loaded {layout['num_layers']} decoder layers, "
                              f"the config said {self.num_layers}")
         self._layout, self._facts = layout, self._rpc("capture_facts")
+
+    def _engine_core_process(self) -> bool:
+        """Kimi-K2.5's media processing imports numba (even text-only, vLLM builds the processor at start-up); with the
+        EngineCore in this process, vLLM's CPU triton-kernel override scan then fails on numba's objects
+        ("'_lib_fn_wrapper' object has no attribute 'get'"). In a process of its own it starts and captures."""
+        if self._opts.engine_core_process is not None:
+            from vllm.platforms import current_platform
+
+            if self._multimodal and not self._opts.engine_core_process and current_platform.is_cpu():
+                raise ValueError(f"engine.options.engine_core_process=false with model.path={self.model_path!r}: a "
+                                 f"multimodal wrapper's EngineCore fails to start in this process on CPU (vLLM's "
+                                 f"triton-override scan trips on numba, which its Kimi media processor imports); "
+                                 f"leave the option unset or true")
+            return self._opts.engine_core_process
+        return self._multimodal
 
     def _attention_request(self) -> tuple[str | None, str | None]:
         """(backend to ask vLLM for, why). AMX_MLA, vLLM's pick for MLA on AMX CPUs, takes bf16/fp16 weights only
@@ -160,7 +194,11 @@ class VLLMEngine(Engine):
             model=self.model_path, dtype=self.dtype, seed=o.seed, tensor_parallel_size=self.spec.tp_size,
             enforce_eager=True, enable_prefix_caching=False,  # cached prefix tokens would get no hidden states
             gpu_memory_utilization=o.gpu_memory_utilization, max_model_len=self._max_model_len(),
-            disable_log_stats=True, worker_extension_cls=EXTENSION)
+            disable_log_stats=True, worker_extension_cls=EXTENSION, trust_remote_code=self.trust_remote_code)
+        if self._multimodal:
+            # Text-only: vLLM builds no vision tower and feeds the language model input_ids (with multimodal inputs
+            # enabled it would call it with inputs_embeds and input_ids=None).
+            kwargs["language_model_only"] = True
         if o.max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = o.max_num_batched_tokens
         backend, _ = self._attention_request()
@@ -198,7 +236,7 @@ class VLLMEngine(Engine):
                 for s, rid in zip(samples, request_ids)]
 
     def _take(self, request_ids: list[str]) -> dict[str, dict[str, torch.Tensor]]:
-        if not self._opts.engine_core_process:  # same process: the worker's tensors, no copy
+        if not self._own_process:  # same process: the worker's tensors, no copy
             return self._rpc("capture_take", request_ids, len(self.points))
         from safetensors.torch import load
 
@@ -236,11 +274,13 @@ class VLLMEngine(Engine):
             parallel=f["parallel"],
             libraries={"vllm": vllm.__version__, "torch": torch.__version__, "transformers": transformers.__version__},
             points=self._point_sources(),
-            extra={**self._layout, "attention": f["attention"], "attention_requested": {"backend": backend, "by": why},
+            extra={**self._layout, "wrapper_class": self._layout["model_class"] if self._multimodal else None,
+                   "language_model_only": self._multimodal, "trust_remote_code": self.trust_remote_code,
+                   "attention": f["attention"], "attention_requested": {"backend": backend, "by": why},
                    "rotary": f["rotary"], "disable_custom_rotary": self._opts.disable_custom_rotary,
                    "custom_ops": f["custom_ops"], "scheduler": f["scheduler"], "device": f["device"],
                    "parameter_dtypes": f["parameter_dtypes"],
-                   "engine_core": "own process" if self._opts.engine_core_process else "in the adapter's process",
+                   "engine_core": "own process" if self._own_process else "in the adapter's process",
                    "environment": {k: os.environ.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE",
                                                                   "VLLM_CPU_OMP_THREADS_BIND")},
                    "capture": "worker extension (forward hooks), sliced per request by query_start_loc",

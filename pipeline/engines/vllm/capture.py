@@ -40,10 +40,14 @@ class _Step:
     recorded: set[int] = field(default_factory=set)  # point indices written into `states`
 
 
+def _language_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The causal LM itself, or a multimodal model's language model (Kimi-K2.5: DeepseekV2ForCausalLM inside)."""
+    return model.get_language_model() if hasattr(model, "get_language_model") else model
+
+
 def _decoder(model: torch.nn.Module) -> torch.nn.Module:
     """The decoder stack (`.layers`, `.norm`) of a causal LM, or of a multimodal model's language model."""
-    lm = model.get_language_model() if hasattr(model, "get_language_model") else model
-    inner = getattr(lm, "model", None)
+    inner = getattr(_language_model(model), "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "norm"):
         raise TypeError(f"{type(model).__name__}: no decoder with .layers and .norm found; capture hooks need one")
     return inner
@@ -52,6 +56,13 @@ def _decoder(model: torch.nn.Module) -> torch.nn.Module:
 def _kwarg(args: tuple, kwargs: dict, name: str, index: int) -> Any:
     return kwargs[name] if name in kwargs else args[index]
 
+
+def _step_input_ids(runner: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+    """The token ids of this step. A multimodal model with multimodal inputs enabled is called with
+    `input_ids=None` and `inputs_embeds`: the ids are then read from the runner's own input buffer, which it fills
+    for every step either way."""
+    ids = kwargs["input_ids"] if "input_ids" in kwargs else (args[0] if args else None)
+    return ids if ids is not None else runner.input_ids.cpu
 
 class CaptureExtension:
     """Methods added to vLLM's worker; every name starts with `capture_` so none clashes with the worker's own."""
@@ -69,7 +80,8 @@ class CaptureExtension:
             handles.append(self._cap_hook(decoder, index, kind, layer))
         self._cap_handles = handles
         self._cap_num_points = len(plan)
-        return {"model_class": type(model).__name__, "decoder_class": type(decoder).__name__,
+        return {"model_class": type(model).__name__, "text_class": type(_language_model(model)).__name__,
+                "decoder_class": type(decoder).__name__,
                 "num_layers": len(decoder.layers), "layer_class": type(decoder.layers[0]).__name__,
                 "norm_class": type(decoder.norm).__name__}
 
@@ -99,10 +111,9 @@ class CaptureExtension:
         num_reqs = runner.input_batch.num_reqs
         qsl = runner.query_start_loc.cpu[: num_reqs + 1].tolist()
         num_tokens = qsl[-1]
-        input_ids = _kwarg(args, kwargs, "input_ids", 0)
         positions = _kwarg(args, kwargs, "positions", 1)
         self._cap_steps.append(_Step(req_ids=list(runner.input_batch.req_ids[:num_reqs]), query_start_loc=qsl,
-                                     input_ids=_own(input_ids[:num_tokens]),
+                                     input_ids=_own(_step_input_ids(runner, args, kwargs)[:num_tokens]),
                                      positions=_own(positions[:num_tokens])))
 
     def _cap_record(self, index: int, hidden: torch.Tensor, residual: torch.Tensor | None = None) -> None:
