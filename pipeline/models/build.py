@@ -107,6 +107,9 @@ class Recipe:
     # "bpe" (pipeline.models.tokenizer: a fast tokenizer, Kimi-K2's special tokens) or "kimi" (Kimi-K2.5's own
     # shape: a remote-code tiktoken tokenizer, pipeline.models.kimi_tokenizer; loading it needs trust_remote_code)
     tokenizer: str = "bpe"
+    # kimi only: fewer decoder layers than the rope's model (the K2.5 layout with 8 layers: the embedded default,
+    # where 61 tiny random MoE layers are slow and chaotic in bf16)
+    num_layers: int | None = None
     description: str = ""
 
     def spec(self) -> dict[str, Any]:
@@ -120,11 +123,14 @@ class Recipe:
     def text_config(self) -> dict[str, Any]:
         if self.family != "kimi":
             return dict(LLAMA_TINY)
+        config = dict(KIMI_TINY)
         if self.rope == "k25":
             from pipeline.models.k25 import K25_TEXT_OVERRIDES
 
-            return {**KIMI_TINY, **K25_TEXT_OVERRIDES}
-        return dict(KIMI_TINY)
+            config.update(K25_TEXT_OVERRIDES)
+        if self.num_layers is not None:
+            config["num_hidden_layers"] = self.num_layers
+        return config
 
     def rope_scaling(self) -> dict[str, Any] | None:
         if self.family != "kimi" or self.rope == "default":

@@ -56,6 +56,16 @@ RECIPES: dict[str, Recipe] = {
                         "routed experts int4 pack-quantized (compressed-tensors)",
         ),
         Recipe(
+            name="tiny-k25-int4-8l",
+            family="kimi",
+            rope="k25",
+            tokenizer="kimi",
+            layout="kimi_k25",
+            int4_experts=True,
+            num_layers=8,
+            description="tiny-k25-int4 with 8 decoder layers: the embedded default",
+        ),
+        Recipe(
             name="tiny-k25-bf16",
             family="kimi",
             rope="k25",

@@ -36,7 +36,7 @@ def kimi_dir(tmp_path):
 
 def test_default_composes_to_the_embedded_tiny_run(compose_cfg):
     cfg = to_config(compose_cfg())
-    assert (cfg.model.build, cfg.engine.name, cfg.runner.name) == ("tiny-kimi-int4", "hf", "local")
+    assert (cfg.model.build, cfg.engine.name, cfg.runner.name) == ("tiny-k25-int4-8l", "hf", "local")
     assert cfg.data.path.endswith("pipeline/data/bundled/conversations.jsonl")
     assert cfg.capture.points == ["embed", 1, 4, 7, "final_norm"]
 

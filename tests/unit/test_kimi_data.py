@@ -164,7 +164,8 @@ def kimi_checkpoint(kimi_dir, tiny_model, tmp_path) -> Path:
 
 
 def test_config_check_names_the_setting(kimi_checkpoint, compose_cfg):
-    cfg = to_config(compose_cfg(f"model.path={kimi_checkpoint}", "model.build=null"))
+    cfg = to_config(compose_cfg(f"model.path={kimi_checkpoint}", "model.build=null",
+                                   "model.trust_remote_code=false"))
     with pytest.raises(ConfigError, match=r"set model\.trust_remote_code=true"):
         resolve_model(cfg)
     trusted = to_config(compose_cfg(f"model.path={kimi_checkpoint}", "model.build=null", "model.trust_remote_code=true"))
@@ -173,7 +174,8 @@ def test_config_check_names_the_setting(kimi_checkpoint, compose_cfg):
 
 def test_extract_exits_2_with_one_line_naming_the_setting(kimi_checkpoint, tmp_path):
     proc = cli("pipeline.extract", f"out_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'logs'}",
-               f"model.path={kimi_checkpoint}", "model.build=null", "diff.gate=off", timeout=120)
+               f"model.path={kimi_checkpoint}", "model.build=null", "model.trust_remote_code=false", "diff.gate=off",
+               timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "model.trust_remote_code" in line]
     assert len(lines) == 1 and "tokenization_kimi.py" in lines[0]
