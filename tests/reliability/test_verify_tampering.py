@@ -2,7 +2,7 @@
 is exit status 1 and one stderr line naming the file and what is wrong; the untampered run verifies sound.
 
 One real run per module (the HF engine on the tiny Kimi target, gate off, a zstd-compressed data file with two bad
-records, truncation to 64 tokens), copied for each case. It also shows truncation counted in the manifest and in
+records, truncation to 96 tokens), copied for each case. It also shows truncation counted in the manifest and in
 extract's summary, and a compressed input read end to end.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pipeline.verify import main as verify_main
 pytestmark = pytest.mark.reliability
 REPO = Path(__file__).resolve().parents[2]
 BAD_RECORDS = ["{not json", json.dumps({"messages": [{"role": "user", "content": "hi"}]})]  # 2 rejects, 2 reasons
-RUN = ("diff.gate=off", "data.limit=8", "runner.max_samples_per_shard=4", "data.max_length=64")
+RUN = ("diff.gate=off", "data.limit=8", "runner.max_samples_per_shard=4", "data.max_length=96")
 ST0, ST1 = "shards/shard-00000.safetensors", "shards/shard-00001.safetensors"
 
 
