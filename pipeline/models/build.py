@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.models import k25
+
 SEED = 20260130
 VOCAB_SIZE = 4096
 # Logits with std ~4 (entropy ~3 nats of 8.3): peaked enough that top-1 agreement and KL between engines mean
@@ -114,8 +116,6 @@ class Recipe:
 
     def spec(self) -> dict[str, Any]:
         """Everything that decides the files, for the builder digest."""
-        from pipeline.models import k25
-
         base = KIMI_TINY if self.family == "kimi" else LLAMA_TINY
         return {"recipe": self.__dict__, "config": base, "yarn": KIMI_YARN, "seed": SEED, "logit_scale": LOGIT_SCALE,
                 "k25": {"yarn": k25.K25_YARN, "text": k25.K25_TEXT_OVERRIDES, "vision": k25.vision_config(0)}}
@@ -125,9 +125,7 @@ class Recipe:
             return dict(LLAMA_TINY)
         config = dict(KIMI_TINY)
         if self.rope == "k25":
-            from pipeline.models.k25 import K25_TEXT_OVERRIDES
-
-            config.update(K25_TEXT_OVERRIDES)
+            config.update(k25.K25_TEXT_OVERRIDES)
         if self.num_layers is not None:
             config["num_hidden_layers"] = self.num_layers
         return config
@@ -136,9 +134,7 @@ class Recipe:
         if self.family != "kimi" or self.rope == "default":
             return None
         if self.rope == "k25":
-            from pipeline.models.k25 import K25_YARN
-
-            return dict(K25_YARN)
+            return dict(k25.K25_YARN)
         return dict(KIMI_YARN)
 
 
@@ -181,8 +177,6 @@ def _check_recipe(recipe: Recipe) -> None:
 
 
 def _wrap_k25(recipe: Recipe, text_tensors: dict, out_dir: Path) -> dict:
-    from pipeline.models import k25
-
     text_config = json.loads((out_dir / "config.json").read_text())
     hidden = int(text_config["hidden_size"])
     vision = {name: _init_tensor(name, shape) for name, shape in k25.vision_layout(hidden).items()}

@@ -25,6 +25,10 @@ from pipeline.models.build import Recipe, build_model_dir
 MARKER = ".built.json"
 BUILDER_VERSION = 1  # bump when the output changes in a way the digested sources below do not show
 
+# Kimi-K2.5's text model (its rope, 61 layers, Kimi's tokenizer), alone or in K2.5's multimodal wrapper.
+_K25_TEXT = {"family": "kimi", "rope": "k25", "tokenizer": "kimi"}
+_K25_LAYOUT = {**_K25_TEXT, "layout": "kimi_k25"}
+
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
@@ -47,37 +51,26 @@ RECIPES: dict[str, Recipe] = {
         ),
         Recipe(
             name="tiny-k25-int4",
-            family="kimi",
-            rope="k25",
-            tokenizer="kimi",
-            layout="kimi_k25",
+            **_K25_LAYOUT,
             int4_experts=True,
             description="Kimi-K2.5's checkpoint layout (multimodal wrapper, 61 layers, K2.5 rope, tiny MoonViT), "
                         "routed experts int4 pack-quantized (compressed-tensors)",
         ),
         Recipe(
             name="tiny-k25-int4-8l",
-            family="kimi",
-            rope="k25",
-            tokenizer="kimi",
-            layout="kimi_k25",
+            **_K25_LAYOUT,
             int4_experts=True,
             num_layers=8,
             description="tiny-k25-int4 with 8 decoder layers: the embedded default",
         ),
         Recipe(
             name="tiny-k25-bf16",
-            family="kimi",
-            rope="k25",
-            tokenizer="kimi",
-            layout="kimi_k25",
+            **_K25_LAYOUT,
             description="bf16 twin of tiny-k25-int4: routed experts hold the dequantized int4 weights",
         ),
         Recipe(
             name="tiny-k25-text-bf16",
-            family="kimi",
-            rope="k25",
-            tokenizer="kimi",
+            **_K25_TEXT,
             description="the text model of tiny-k25-bf16 as a plain DeepseekV3ForCausalLM checkpoint (same weights)",
         ),
         Recipe(name="tiny-llama", family="llama", description="Llama architecture, GQA, for cross-checks"),

@@ -31,6 +31,7 @@ import torch
 
 from pipeline.core.contracts import Capture, EngineInfo, PointSource, PreparedSample
 from pipeline.engines.base import Engine
+from pipeline.models.hf_text import remote_code_error
 from pipeline.points import Point, family_of, to_native
 
 EXTENSION = "pipeline.engines.vllm.capture.CaptureExtension"
@@ -125,8 +126,6 @@ def _dense_twin(model_path: str) -> str:
 def _explain_start_failure(error: Exception, model_path: str, checkpoint: dict[str, Any],
                            trust_remote_code: bool) -> Exception:
     if not trust_remote_code and "trust_remote_code" in str(error):
-        from pipeline.models.hf_text import remote_code_error
-
         return remote_code_error(model_path, "tokenizer or config", error)
     quant = checkpoint.get("quantization_config")
     if quant is None or not _NO_MOE_KERNEL.search(str(error)):
