@@ -16,13 +16,14 @@ Three schemas, read from the released code that writes or reads them:
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
+
+from pipeline.core.io import read_json_object
 
 FORMATS = ("specforge", "speculators", "mla")
 _VOCAB_MAPS = ("d2t", "t2d")
@@ -70,15 +71,8 @@ class Draft:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise DraftError(f"{path} does not exist (a draft directory holds config.json and *.safetensors)")
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DraftError(f"{path} is not readable JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise DraftError(f"{path} holds a JSON {type(value).__name__}, not an object")
-    return value
+    return read_json_object(path, DraftError,
+                            missing_hint=" (a draft directory holds config.json and *.safetensors)")
 
 
 def schema_of(config: dict[str, Any]) -> str:

@@ -7,11 +7,11 @@ are, the target directory fills in what provenance does not record (the vocabula
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.io import read_json_object
 from pipeline.points import Point, PointError, parse_point
 from pipeline.shards.manifest import ManifestError, read_manifest
 
@@ -48,15 +48,7 @@ class Target:
 
 
 def _json(path: Path, what: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise TargetError(f"{what}: {path} does not exist")
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TargetError(f"{what}: {path} is not readable JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise TargetError(f"{what}: {path} holds a JSON {type(value).__name__}, not an object")
-    return value
+    return read_json_object(path, TargetError, prefix=f"{what}: ")
 
 
 def _points(labels, num_layers: int, where: str) -> list[Point]:
