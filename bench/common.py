@@ -26,6 +26,23 @@ def prepared_samples(model_path: Path, copies: int, work: Path):
     return prepare(data, tokenizer, max_length=2048, length_policy="truncate", limit=None).samples
 
 
+def synthetic_samples(num_tokens: int, seed: int = 0, vocab: int = 160_000):
+    """Prepared samples of random ids (256..2048 tokens each, half of them trained) adding up to `num_tokens`."""
+    import numpy as np
+
+    from pipeline.core.contracts import PreparedSample
+
+    rng = np.random.default_rng(seed)
+    samples, total = [], 0
+    while total < num_tokens:
+        n = int(min(rng.integers(256, 2048), num_tokens - total))
+        ids = rng.integers(0, vocab, n, dtype=np.int64)
+        samples.append(PreparedSample(sample_id=f"s{len(samples):07d}", source="bench.jsonl", row=len(samples),
+                                      input_ids_T=ids, loss_mask_T=(rng.random(n) < 0.5).astype(np.uint8)))
+        total += n
+    return samples
+
+
 def capture_and_write(engine, samples, settings, run_dir: Path, tokens_per_shard: int, overlap: bool) -> float:
     """Seconds for the capture stage over `samples` as extract's local runner runs it (with `overlap`, unit k is
     written while unit k+1 is captured: runner.overlap_writes); any reject fails the bench."""

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-import common  # noqa: F401  (repository root on sys.path, cwd = root: the worker imports bench.wide_engine)
+from common import synthetic_samples  # also: repository root on sys.path, cwd = root (the worker imports bench.wide_engine)
 
 HIDDEN, POINTS = 7168, ["b0", "b3", "b31", "b59", "final_norm"]
 GB = 1e9
@@ -49,22 +49,6 @@ def rss_bytes(field: str = "VmRSS") -> int:
 
 def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux >= 4.0)
-
-
-def make_samples(num_tokens: int, seed: int = 0):
-    import numpy as np
-
-    from pipeline.core.contracts import PreparedSample
-
-    rng = np.random.default_rng(seed)
-    samples, total = [], 0
-    while total < num_tokens:
-        n = int(min(rng.integers(256, 2048), num_tokens - total))
-        ids = rng.integers(0, 160_000, n, dtype=np.int64)
-        samples.append(PreparedSample(sample_id=f"s{len(samples):06d}", source="bench.jsonl", row=len(samples),
-                                      input_ids_T=ids, loss_mask_T=(rng.random(n) < 0.5).astype(np.uint8)))
-        total += n
-    return samples
 
 
 # ---- raw limits on the round's bytes -------------------------------------------------------------------------------
@@ -241,7 +225,7 @@ def main() -> None:
     from pipeline.run.capture import CaptureStage, StageSettings
     from pipeline.shards.plan import plan_units
 
-    samples = make_samples(args.tokens_per_unit * args.units)
+    samples = synthetic_samples(args.tokens_per_unit * args.units)
     units = plan_units(samples, max_tokens_per_shard=args.tokens_per_unit, max_samples_per_shard=1024)
     unit_bytes = args.tokens_per_unit * len(POINTS) * HIDDEN * 2
     points = parse_points(POINTS, num_layers=61)

@@ -18,27 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import synthetic_samples  # bench/ is on sys.path when run as a script
+
 POINTS = ["b0", "b1", "b2", "b3", "final_norm"]
 
 
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def _samples(num_tokens: int, seed: int):
-    import numpy as np
-
-    from pipeline.core.contracts import PreparedSample
-
-    rng = np.random.default_rng(seed)
-    samples, total = [], 0
-    while total < num_tokens:
-        n = int(min(rng.integers(256, 2048), num_tokens - total))
-        ids = rng.integers(0, 150_000, n, dtype=np.int64)
-        samples.append(PreparedSample(sample_id=f"s{len(samples):07d}", source="bench.jsonl", row=len(samples),
-                                      input_ids_T=ids, loss_mask_T=(rng.random(n) < 0.5).astype(np.uint8)))
-        total += n
-    return samples
 
 
 def child_write(args: argparse.Namespace) -> dict:
@@ -52,7 +38,7 @@ def child_write(args: argparse.Namespace) -> dict:
     from pipeline.shards.writer import write_shard
 
     baseline = _peak_rss_mib()
-    samples = _samples(args.tokens, seed=0)
+    samples = synthetic_samples(args.tokens, seed=0, vocab=150_000)
     units = plan_units(samples, max_tokens_per_shard=args.max_tokens_per_shard, max_samples_per_shard=10_000)
     entries = []
     start = time.perf_counter()

@@ -40,3 +40,13 @@ def compose_cfg(models_root):
 
     yield _compose
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture(scope="session")
+def kimi_dir(tmp_path_factory) -> Path:
+    """A Kimi-style remote-code tokenizer directory (pipeline.models.kimi_tokenizer), written once per session."""
+    from pipeline.models.kimi_tokenizer import write_kimi_tokenizer
+
+    out = tmp_path_factory.mktemp("kimi_tok")
+    write_kimi_tokenizer(out)
+    return out

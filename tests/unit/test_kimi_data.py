@@ -14,7 +14,6 @@ from pipeline.data.mask import ChatTokenizer, MaskOptions
 from pipeline.data.prepare import prepare, read_rejects, write_rejects
 from pipeline.data.remote_code import RemoteCodeError, load_tokenizer
 from pipeline.data.sources import Parsed, parse_record
-from pipeline.models.kimi_tokenizer import write_kimi_tokenizer
 from tests.helpers.cli import cli
 
 DEFAULT_SYSTEM = "You are Kimi, an AI assistant created by Moonshot AI."
@@ -37,13 +36,6 @@ TOOL_CHAT = [
     {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "18C, clear"},
     {"role": "assistant", "content": "18 degrees and clear."},
 ]
-
-
-@pytest.fixture(scope="module")
-def kimi_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("kimi_tok")
-    write_kimi_tokenizer(out)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import pytest
 from tiktoken.load import load_tiktoken_bpe
@@ -18,13 +17,6 @@ CHAT = [
     {"role": "assistant", "content": "Seven."},
     {"role": "user", "content": "Another one, with <think> in it?"},
 ]
-
-
-@pytest.fixture(scope="module")
-def kimi_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("kimi_tok")
-    write_kimi_tokenizer(out)
-    return out
 
 
 @pytest.fixture(scope="module")
