@@ -21,14 +21,18 @@ from pipeline.models.tokenizer import _training_texts, bundled_conversations_pat
 NUM_RANKS = 3840  # BPE ranks, ids 0..3839: 256 bytes + 3584 merges
 NUM_SPECIAL = 256  # Kimi reserves 256 ids after the ranks
 VOCAB_SIZE = NUM_RANKS + NUM_SPECIAL
-# Offsets after the ranks. bos/eos/im_*/media/unk/pad are Kimi-K2.5's published layout (../shared/KIMI_K25.md);
-# the tool-call and think offsets follow Kimi-K2's tokenizer_config.json as far as we know it.
+# Offsets after the ranks (163584 in the real vocabulary): every named special token of Kimi-K2/K2.5's tokenizer, at
+# its published id (../shared/KIMI_K25.md for bos/eos/im_*/media/unk/pad; public copies of the tokenizer's special-id
+# table for the header, [EOT], tool-call and think tokens: 163590.., 163593, 163595..163599, 163606/163607).
 SPECIAL_OFFSETS = {
     0: "[BOS]",
     1: "[EOS]",
     2: "<|im_end|>",
     3: "<|im_user|>",
     4: "<|im_assistant|>",
+    6: "<|start_header_id|>",
+    7: "<|end_header_id|>",
+    9: "[EOT]",
     10: "<|im_system|>",
     11: "<|tool_calls_section_begin|>",
     12: "<|tool_calls_section_end|>",
