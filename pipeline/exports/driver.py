@@ -1,9 +1,10 @@
 """Export a finished, verified run in a trainer's layout: resumable, atomic per file, memory bounded by one shard.
 
 Order of work: read the manifest; choose the slots (slots.py; the last state is never guessed); stop if OUT already
-holds this export complete; verify the run (a run that does not verify is refused); claim OUT (fresh or resume); write
-every sample's file not already there, each to a temp file renamed when complete (a killed export leaves only
-`.*.tmp` files, which no trainer lists and the next run removes); the layout's own index files; `export.json` last.
+holds this export complete; verify the run (a run that does not verify is refused); hold OUT (one export at a time)
+and claim it (fresh or resume); write every sample's file not already there, each to a temp file renamed when
+complete (a killed export leaves only `.*.tmp` files, which no trainer lists and the next run removes); the layout's
+own index files; `export.json` last.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch
 from pipeline.core.io import atomic_path
 from pipeline.exports.base import Exporter, ExportSample
 from pipeline.exports.progress import ExportProgress
-from pipeline.exports.sidecar import build, claim, finish, plan_record, status
+from pipeline.exports.sidecar import build, claim, finish, hold, plan_record, status
 from pipeline.exports.slots import ExportError, SlotPlan, plan_slots
 from pipeline.shards.manifest import ManifestError, read_manifest
 from pipeline.shards.reader import RunReader
@@ -116,20 +117,24 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
     sidecar = build(run_dir, manifest, exporter.layout, plan, record)  # before any file: it cannot fail at the end
     progress = ExportProgress(name=exporter.layout.name, num_samples=manifest["num_samples"],
                               num_tokens=manifest["num_tokens"])
+    complete = ExportResult(out=out, status="complete", plan=plan, written=0, skipped=manifest["num_samples"],
+                            bytes_written=0, seconds=0.0)
     if status(out, record) == "complete":  # checked before the (full-read) verification: nothing to do
-        return ExportResult(out=out, status="complete", plan=plan, written=0, skipped=manifest["num_samples"],
-                            bytes_written=0, seconds=progress.elapsed)
+        return complete
     if verify:
         _verify(run_dir)
-    found = claim(out, record)
-    _remove_stale_temps(out)
-    with RunReader(run_dir) as reader, progress:
-        _write_samples(reader, exporter, plan, out, progress)
-        index_files = exporter.finish(out, _tokens(reader))
-    sidecar["files"] = {"num_samples": progress.written + progress.skipped,
-                        "first_sample": _rel(exporter.sample_file(out, 0), out),
-                        "index_files": [_rel(p, out) for p in index_files]}
-    finish(out, sidecar)
+    with hold(out):
+        found = claim(out, record)
+        if found == "complete":  # another export finished it while this one verified the run
+            return complete
+        _remove_stale_temps(out)
+        with RunReader(run_dir) as reader, progress:
+            _write_samples(reader, exporter, plan, out, progress)
+            index_files = exporter.finish(out, _tokens(reader))
+        sidecar["files"] = {"num_samples": progress.written + progress.skipped,
+                            "first_sample": _rel(exporter.sample_file(out, 0), out),
+                            "index_files": [_rel(p, out) for p in index_files]}
+        finish(out, sidecar)
     return ExportResult(out=out, status=found, plan=plan, written=progress.written, skipped=progress.skipped,
                         bytes_written=progress.bytes, seconds=progress.elapsed)
 

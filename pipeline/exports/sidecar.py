@@ -3,12 +3,16 @@
 `export.json` carries the run's provenance digest, the canonical point behind every slot, and what each slot is in
 SGLang's and vLLM's numbering for this model (what a draft config must say to be served the same features).
 `.export-plan.json` is written first: a rerun resumes only an export of the same run, layout and slots.
+One export writes OUT at a time (`hold`): a second one started beside it would remove the first's temp files.
 """
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from pipeline.core.io import sha256_file, sha256_json, write_text_atomic
 from pipeline.exports.slots import ExportError, SlotPlan, TrainerLayout, serving_ids
@@ -72,6 +76,24 @@ def status(out: Path, record: Mapping[str, Any]) -> str:
     if out.exists() and any(out.iterdir()):
         raise ExportError(f"{out} is not empty and holds no export plan; choose an empty or new --out")
     return "fresh"
+
+
+@contextmanager
+def hold(out: Path) -> Iterator[None]:
+    """OUT (created if missing) for this process alone: an OS lock on the directory itself, so no file is added that
+    a trainer could list, and the kernel releases it when the holder dies (kill -9 included)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ExportError(f"{out} is being written by another export; wait for it to finish (a rerun then "
+                              f"finds it complete) or choose another --out") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def claim(out: Path, record: Mapping[str, Any]) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 from safetensors import safe_open
@@ -119,3 +121,27 @@ def test_out_holding_another_export_or_other_files_is_refused(llama_run, tmp_pat
     other.mkdir()
     (other / "notes.txt").write_text("x")
     assert "not empty" in _one_line_error(export(llama_run, other, "speculators"))
+
+
+def test_a_second_export_into_an_out_being_written_is_refused_and_the_first_is_untouched(llama_run, tmp_path):
+    """While one export holds OUT (here a process that took it through the exports' own lock, as an export does for
+    its whole run), another is refused before touching anything; once the holder is gone (killed: the kernel drops
+    the lock) the same command completes the export."""
+    out = tmp_path / "out"
+    killed = export(llama_run, out, "speculators", env={**os.environ, KILL_AT_ENV: "4"})
+    assert killed.returncode == -9
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pipeline.exports.sidecar import hold\n"
+         f"with hold({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        error = _one_line_error(export(llama_run, out, "speculators"))
+        assert "being written by another export" in error and str(out) in error
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # its temp file included
+    finally:
+        holder.kill()
+        holder.wait()
+    done = export(llama_run, out, "speculators")
+    assert done.returncode == 0 and "8 written, 4 finished earlier" in done.stdout, done.stdout + done.stderr
