@@ -19,7 +19,7 @@ from rich.console import Console
 
 from pipeline.compare.stage import run_diff
 from pipeline.compare.tables import verdict_table
-from pipeline.config import ConfigError, register_configs
+from pipeline.config import ConfigError, exit_on_unknown_overrides, register_configs
 
 register_configs()
 log = logging.getLogger("pipeline.diff")
@@ -41,4 +41,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_unknown_overrides(sys.argv[1:])
     main()

@@ -8,7 +8,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from pipeline.config import ConfigError, register_configs
+from pipeline.config import ConfigError, exit_on_unknown_overrides, register_configs
 from pipeline.engines.base import EngineStartError
 from pipeline.run.gate import DiffGateError, describe, describe_storage
 from pipeline.run.job import NoValidRecords, run_extract
@@ -68,4 +68,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_unknown_overrides(sys.argv[1:])
     main()

@@ -6,6 +6,7 @@ from pipeline.config.schema import (
     DataConfig,
     DiffConfig,
     ExtractConfig,
+    exit_on_unknown_overrides,
     ModelConfig,
     ProbeConfig,
     RoutingFlipConfig,
@@ -17,5 +18,5 @@ from pipeline.config.schema import (
 )
 
 __all__ = ["AlignmentConfig", "CaptureConfig", "ConfigError", "DataConfig", "DiffConfig", "ExtractConfig",
-           "ModelConfig", "ProbeConfig", "RoutingFlipConfig", "RunnerConfig", "Thresholds", "register_configs",
-           "resolved_dict", "to_config"]
+           "ModelConfig", "ProbeConfig", "RoutingFlipConfig", "RunnerConfig", "Thresholds", "exit_on_unknown_overrides",
+           "register_configs", "resolved_dict", "to_config"]

@@ -6,15 +6,16 @@ the field and the value. Checks that need the outside world (model files, data f
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from pipeline.config.closed import unknown_keys_message
+from pipeline.config.closed import unknown_keys_message, unknown_override_keys
 from pipeline.config.entries import SpecError, parse_entries, parse_entry
 from pipeline.core.contracts import Dtype, EngineSpec
 from pipeline.models.tiny import default_root
@@ -253,6 +254,23 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="extract_schema", node=ExtractConfig)
     OmegaConf.register_new_resolver("pipeline_data", _package_data, replace=True)
     OmegaConf.register_new_resolver("tiny_model", _tiny_model_dir, replace=True)
+
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the entry points' config_path, ../conf of pipeline/
+
+
+def config_groups() -> list[str]:
+    """conf/'s config groups (model, engine, exp, ...): `model=tiny_llama` chooses one, it sets no key."""
+    return sorted(d.name for d in CONF_DIR.iterdir() if d.is_dir()) if CONF_DIR.is_dir() else []
+
+
+def exit_on_unknown_overrides(argv: Sequence[str]) -> None:
+    """For the Hydra entry points, before Hydra composes: a plain override of a key the schema does not declare
+    (`runer.overlap_writes=true`) is the configuration error it is (exit status 2, the closest valid key named),
+    not Hydra's composition error (exit status 1) advising `+`."""
+    if message := unknown_override_keys(ExtractConfig, argv, config_groups()):
+        print(f"configuration error: {message}", file=sys.stderr)
+        sys.exit(2)
 
 
 def to_config(cfg: DictConfig) -> ExtractConfig:

@@ -1,5 +1,6 @@
 """The schema is closed: a key it does not declare is a configuration error (exit status 2) naming the key and the
-closest valid one, also when `+` or `++` adds it; free-form nodes (engine.options, diff entries) stay open."""
+closest valid one, also when `+` or `++` adds it or a plain override names it (before Hydra composes); free-form
+nodes (engine.options, diff entries) stay open."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import ConfigError, ExtractConfig, to_config
+from pipeline.config.closed import unknown_override_keys
+from pipeline.config.schema import config_groups
 
 pytestmark = pytest.mark.reliability
 REPO = Path(__file__).resolve().parents[2]
+GROUPS = config_groups()
 
 
 def test_a_misspelled_plus_key_stops_extract_before_anything_is_written(tmp_path):
@@ -42,6 +46,31 @@ def test_every_unknown_key_is_named_with_the_closest_valid_one(compose_cfg, over
     with pytest.raises(ConfigError) as error:
         to_config(compose_cfg(override, "out_dir=x"))
     assert str(error.value) == f"unknown config key {message}"
+    plain = override.lstrip("+")  # the same key without `+`: Hydra would refuse it while composing, exit status 1
+    assert unknown_override_keys(ExtractConfig, ["out_dir=x", plain], GROUPS) == f"unknown config key {message}"
+
+
+@pytest.mark.parametrize("module, override, message", [
+    ("pipeline.extract", "runner.max_samples_per_shrad=8",
+     "runner.max_samples_per_shrad (did you mean runner.max_samples_per_shard?)"),
+    ("pipeline.diff", "runer.overlap_writes=true", "runer (did you mean runner?)"),
+])
+def test_a_misspelled_plain_override_is_a_configuration_error_too(tmp_path, module, override, message):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", module, f"out_dir={out}", override], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == f"configuration error: unknown config key {message}"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("override", [
+    "model=tiny_llama", "engine=vllm", "exp=kimi", "+exp=kimi", "engine.options.my_flag=1", "diff.engines=[hf]",
+    "diff.thresholds.bfloat16.rel_l2=0.1", "diff.thresholds.float64.rel_l2=0.1", "hydra.run.dir=x", "--cfg",
+    "capture.points=[1,final_norm]", "~diff.reference", "not an override",
+])
+def test_group_choices_free_form_keys_and_hydras_own_are_left_to_hydra(override):
+    assert unknown_override_keys(ExtractConfig, [override], GROUPS) is None
 
 
 def test_two_unknown_keys_are_named_in_one_line(compose_cfg):
