@@ -22,6 +22,7 @@ from pipeline.data.prepare import prepare
 from pipeline.data.remote_code import load_tokenizer
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point, PointError, resolve
+from pipeline.shards.layout import enclosing_run
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +57,16 @@ def probe_data(cfg: ExtractConfig, model: ModelInfo, probe: ProbeConfig) -> list
 def run_diff(dcfg: DictConfig) -> DiffOutcome:
     started = time.perf_counter()
     cfg = to_config(dcfg)
+    out_dir = Path(cfg.out_dir)
+    if (inside := enclosing_run(out_dir, itself=True)) is not None:
+        where = "is a run directory" if inside == out_dir.resolve() else f"is inside the run directory {inside}"
+        raise ConfigError(f"out_dir={cfg.out_dir!r} {where}: a report written there would make that run fail "
+                          f"verification (a run's own gate report is in its diff/); choose a directory outside it")
     check_data_path(cfg)
     model = resolve_model(cfg)
     runs = comparison(cfg.diff.reference, cfg.diff.engines, "diff.engines", model=model,
                       all_points=all_points(model.num_layers), points=diff_points(cfg, model),
                       trust_remote_code=cfg.model.trust_remote_code)  # config errors first
-    out_dir = Path(cfg.out_dir)
     samples = probe_data(cfg, model, cfg.diff.probe)
     for run in runs:
         log.info("probing %s (%s) with %d samples, %d tokens", run.label, run.role, len(samples),

@@ -19,6 +19,17 @@ REJECTS_DIR = "rejects"  # samples rejected at capture, one file per unit
 RUN_ROOT_NAMES = (MANIFEST_NAME, RUN_FILE, LOCK_NAME, PREPARE_REJECTS, REJECTS_DIR, SHARDS_DIR, DIFF_DIR)
 
 
+def enclosing_run(path: Path, *, itself: bool = False) -> Path | None:
+    """The nearest directory above `path` (or `path` itself, with `itself`) that holds a run (run.json or
+    manifest.json), else None: anything but a run's own files written into a run directory is a file its
+    verification names as not the run's, so that run would no longer verify (and exports refuse such a run)."""
+    path = Path(path).resolve()
+    for parent in ([path] if itself else []) + list(path.parents):
+        if (parent / RUN_FILE).is_file() or (parent / MANIFEST_NAME).is_file():
+            return parent
+    return None
+
+
 def is_temp_of(name: str, final: str) -> bool:
     """True for the temp file of an atomic write of `final` (pipeline.core.io.atomic_path)."""
     return name.startswith(f".{final}.") and name.endswith(".tmp")
