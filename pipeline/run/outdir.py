@@ -61,6 +61,16 @@ def _settings(then: dict, now: dict, prefix: str) -> list[tuple[str, object, obj
     return diffs
 
 
+def _resume_hint(previous: dict, record: dict) -> str:
+    """How to finish the run: with its settings, and with the code it started with when that changed (one run's
+    shards all carry one code version)."""
+    code = previous.get("code")
+    if not isinstance(code, dict) or code == record.get("code") or not code.get("git_commit"):
+        return "resume it with the same settings"
+    dirty = " plus the uncommitted changes it ran with" if code.get("dirty") else ""
+    return f"resume it with the same settings and the code it started with (git commit {code['git_commit']}{dirty})"
+
+
 def _foreign(out: Path) -> list[str]:
     return sorted(p.name for p in out.iterdir() if not run_owned(p.name))
 
@@ -80,7 +90,7 @@ def inspect(out: Path, record: dict, *, overwrite: bool) -> Plan:
             f"an unfinished run with a different {', '.join(_changed(previous, record))}"
         if not overwrite:
             hint = "choose another out_dir, or pass overwrite=true to replace it" if finished else \
-                "resume it with the same settings, choose another out_dir, or pass overwrite=true to replace it"
+                f"{_resume_hint(previous, record)}, choose another out_dir, or pass overwrite=true to replace it"
             raise ConfigError(f"out_dir={str(out)!r} holds {what}; {hint}")
         if foreign:
             raise ConfigError(f"out_dir={str(out)!r} holds {what} and files a run does not write "

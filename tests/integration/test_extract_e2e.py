@@ -120,6 +120,25 @@ def test_resume_refuses_different_settings(tmp_path, finished_run):
     assert proc.returncode != 0 and "unfinished run with a different config" in proc.stderr + proc.stdout
 
 
+def test_resume_under_other_code_names_the_commit_that_finishes_it(tmp_path, finished_run):
+    """An unfinished run started by another version of the pipeline (its run.json as that version wrote it) is not
+    resumed by this one (every shard of a run carries one code version); the error says which commit finishes it."""
+    out, _ = finished_run
+    run = tmp_path / "run"
+    subprocess.run(["cp", "-a", str(out), str(run)], check=True)
+    (run / "manifest.json").unlink()
+    record = json.loads((run / "run.json").read_text())
+    record["code"] = {**record["code"], "git_commit": "0123456789abcdef0123456789abcdef01234567", "dirty": True}
+    (run / "run.json").write_text(json.dumps(record))
+    proc = cli("pipeline.extract", f"out_dir={run}", *SMALL, f"hydra.run.dir={tmp_path / 'logs'}")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2, said[-3000:]
+    assert "unfinished run with a different code (" in said
+    assert "git_commit: '0123456789abcdef0123456789abcdef01234567' then" in said
+    assert ("resume it with the same settings and the code it started with (git commit "
+            "0123456789abcdef0123456789abcdef01234567 plus the uncommitted changes it ran with)") in said
+
+
 @pytest.mark.parametrize("override, message", [
     ("engine=nosuch", "engine"),
     ("engine.name=tensorrt", "engine='tensorrt' is unknown"),
