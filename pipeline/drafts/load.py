@@ -3,9 +3,10 @@ own model loader, in the engine's environment (`.venv-sglang`, `.venv-vllm`), on
 as a script with that interpreter: the pipeline's environment never imports the engines). The probe fills every
 parameter with a sentinel first, then reports which checkpoint tensors the class's `load_weights` consumed without
 writing anything (it dropped them) and which parameters kept the sentinel (left uninitialised, unless the server
-fills them from the target at start: the embedding and lm_head). vLLM builds a draft class only over a target's
-config, so its probe needs the target's directory (`--target`, or the run's model directory when it is still there);
-a checkpoint vLLM refuses to load is reported with vLLM's own error."""
+fills them from the target at start: the embedding and lm_head; or unless its own forward never reads them: the vLLM
+probe runs one draft step and names the parameters of modules it never entered). vLLM builds a draft class only over a
+target's config, so its probe needs the target's directory (`--target`, or the run's model directory when it is still
+there); a checkpoint vLLM refuses to load is reported with vLLM's own error."""
 from __future__ import annotations
 
 import json
@@ -84,7 +85,8 @@ def findings_from(result: dict, name: str) -> list[Finding]:
         return [Finding("MISMATCH", "weights", f"{name}'s own loader refuses to load the draft into {cls}: "
                         f"{result['refused']}")]
     dropped = [n for n in result["dropped"] if n.rsplit(".", 1)[-1] not in UNUSED_BY_DESIGN]
-    missing = [p for p in result["uninitialised"] if p not in FROM_TARGET]
+    never_read = [p for p in result["uninitialised"] if p in result.get("unused", ()) and p not in FROM_TARGET]
+    missing = [p for p in result["uninitialised"] if p not in FROM_TARGET and p not in never_read]
     missing += [f"{p['name']} ({p['nan_rows']} of {p['rows']} rows)" for p in result["partial"]
                 if not (p["tail_only"] and p["name"] in FROM_TARGET)]  # vocabulary padding rows stay unwritten
     from_target = [p for p in result["uninitialised"] if p in FROM_TARGET]
@@ -100,6 +102,9 @@ def findings_from(result: dict, name: str) -> list[Finding]:
         extra = f"; {', '.join(from_target)} come from the target at start" if from_target else ""
         unused = [n for n in result["dropped"] if n not in dropped]
         extra += f"; {', '.join(unused)} unused by the server (it serves from d2t)" if unused else ""
+        extra += (f"; {', '.join(never_read)} left unset but never read by the server's forward (one draft step "
+                  f"run on CPU)") if never_read else ""
+        every = "every parameter its forward reads" if never_read else "every parameter"
         out.append(Finding("OK", "weights", f"{name}'s own loader put the draft's {result['num_tensors']} tensors "
-                           f"into {cls} and initialised every parameter{extra}"))
+                           f"into {cls} and initialised {every}{extra}"))
     return out

@@ -10,16 +10,20 @@ import torch
 from safetensors.torch import save_file
 
 
-def _layer(prefix: str, h: int, inter: int, heads: int, kv_heads: int, head_dim: int, mla: dict | None) -> dict:
-    t = {f"{prefix}.input_layernorm.weight": torch.ones(h), f"{prefix}.hidden_norm.weight": torch.ones(h),
-         f"{prefix}.post_attention_layernorm.weight": torch.ones(h),
+def _layer(prefix: str, h: int, inter: int, heads: int, kv_heads: int, head_dim: int, mla: dict | None,
+           first: bool = True) -> dict:
+    """One decoder layer; the first reads [embeds, hidden] (2h wide, hidden_norm on the hidden half), later ones h."""
+    width = 2 * h if first else h
+    t = {f"{prefix}.input_layernorm.weight": torch.ones(h), f"{prefix}.post_attention_layernorm.weight": torch.ones(h),
          f"{prefix}.mlp.gate_proj.weight": torch.randn(inter, h) * 0.02,
          f"{prefix}.mlp.up_proj.weight": torch.randn(inter, h) * 0.02,
          f"{prefix}.mlp.down_proj.weight": torch.randn(h, inter) * 0.02}
+    if first:
+        t[f"{prefix}.hidden_norm.weight"] = torch.ones(h)
     if mla is None:
-        t |= {f"{prefix}.self_attn.q_proj.weight": torch.randn(heads * head_dim, 2 * h) * 0.02,
-              f"{prefix}.self_attn.k_proj.weight": torch.randn(kv_heads * head_dim, 2 * h) * 0.02,
-              f"{prefix}.self_attn.v_proj.weight": torch.randn(kv_heads * head_dim, 2 * h) * 0.02,
+        t |= {f"{prefix}.self_attn.q_proj.weight": torch.randn(heads * head_dim, width) * 0.02,
+              f"{prefix}.self_attn.k_proj.weight": torch.randn(kv_heads * head_dim, width) * 0.02,
+              f"{prefix}.self_attn.v_proj.weight": torch.randn(kv_heads * head_dim, width) * 0.02,
               f"{prefix}.self_attn.o_proj.weight": torch.randn(h, heads * head_dim) * 0.02}
     else:
         q, kv, rope, nope, v = (mla[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
@@ -38,9 +42,11 @@ def make_draft(path: Path, target_config: dict, *, schema: str = "specforge", au
                ids_at: str = "eagle_config", num_fc_aux: int | None = None, prefix: str | None = None,
                draft_vocab: int | None = None, d2t: str = "offsets", t2d: bool = True, use_aux: bool | None = None,
                target_hidden_size: int | None = None, vocab_size: int | None = None, drop: tuple[str, ...] = (),
-               extra: dict[str, torch.Tensor] | None = None, config_extra: dict[str, Any] | None = None) -> Path:
+               extra: dict[str, torch.Tensor] | None = None, config_extra: dict[str, Any] | None = None,
+               num_layers: int = 1) -> Path:
     """`schema`: specforge | speculators | mla. `ids_at`: eagle_config | top | both | none. `d2t`: offsets | absolute
-    | none. `prefix`: the decoder layer's tensor prefix (default midlayer for specforge, layers.0 otherwise)."""
+    | none. `prefix`: the decoder layer's tensor prefix (default midlayer for specforge, layers.0 otherwise).
+    `num_layers` > 1 adds layers.1.. (h wide, without a hidden_norm: only the first layer applies one)."""
     torch.manual_seed(0)
     text = target_config.get("text_config") or target_config
     h, vocab = text["hidden_size"], vocab_size or text["vocab_size"]
@@ -53,6 +59,8 @@ def make_draft(path: Path, target_config: dict, *, schema: str = "specforge", au
     prefix = prefix or ("midlayer" if schema == "specforge" else "layers.0")
     k = num_fc_aux or (len(aux_ids) if aux_ids else 3)
     tensors = _layer(prefix, h, inter, heads, kv_heads, head_dim, mla)
+    for i in range(1, num_layers):
+        tensors |= _layer(f"layers.{i}", h, inter, heads, kv_heads, head_dim, mla, first=False)
     tensors |= {"fc.weight": torch.randn(h, k * (target_hidden_size or h)) * 0.02, "norm.weight": torch.ones(h),
                 "lm_head.weight": torch.randn(dvocab, h) * 0.02}
     if dvocab < vocab:
@@ -74,7 +82,7 @@ def make_draft(path: Path, target_config: dict, *, schema: str = "specforge", au
     if use_aux is not None:
         eagle["use_aux_hidden_state"] = use_aux
     layer = {"hidden_size": h, "intermediate_size": inter, "num_attention_heads": heads,
-             "num_key_value_heads": kv_heads, "head_dim": head_dim, "num_hidden_layers": 1,
+             "num_key_value_heads": kv_heads, "head_dim": head_dim, "num_hidden_layers": num_layers,
              "rms_norm_eps": text.get("rms_norm_eps", 1e-6), "vocab_size": vocab,
              "max_position_embeddings": text.get("max_position_embeddings", 2048), "hidden_act": "silu",
              "tie_word_embeddings": False, "rope_theta": text.get("rope_theta", 10000.0)}

@@ -124,3 +124,24 @@ def test_vllms_own_loader_loads_a_draft_and_refuses_a_misnamed_one(tmp_path, mod
     assert good["wrote"]["d2t"] == [] and "d2t" not in good["dropped"]  # collected first, loaded at the end
     (refused,) = findings_from(bad, "vllm 0.32.0")
     assert refused.status == "MISMATCH" and "no module or parameter named 'draft_model'" in refused.message
+
+
+@needs_vllm
+def test_a_parameter_vllms_forward_never_reads_is_no_mismatch_but_one_it_reads_is(tmp_path, models_root):
+    """vLLM builds a hidden_norm in every Eagle-3 decoder layer and applies only layer 0's: a two-layer draft without
+    layers.1.hidden_norm (there is nothing to train) is served as trained, which one draft step on CPU proves; a
+    missing layers.1.input_layernorm or layers.0.hidden_norm, both read by that step, is a mismatch."""
+    llama = json.loads((models_root / "tiny-llama" / "config.json").read_text())
+    drafts = [make_draft(tmp_path / name, llama, schema="speculators", num_layers=2, drop=drop)
+              for name, drop in (("two", ()), ("no-input-norm", ("layers.1.input_layernorm.weight",)),
+                                 ("no-first-hidden-norm", ("layers.0.hidden_norm.weight",)))]
+    two, no_input_norm, no_first = run_probe("vllm", *drafts, target_dir=models_root / "tiny-llama")
+    assert "model.layers.1.hidden_norm.weight" in two["uninitialised"]
+    assert two["unused"] == ["model.layers.1.hidden_norm.weight"], two
+    (ok,) = findings_from(two, "vllm 0.32.0")
+    assert ok.status == "OK" and "initialised every parameter its forward reads" in ok.message
+    assert "model.layers.1.hidden_norm.weight left unset but never read by the server's forward" in ok.message
+    for result, name in ((no_input_norm, "model.layers.1.input_layernorm.weight"),
+                         (no_first, "model.layers.0.hidden_norm.weight")):
+        (found,) = findings_from(result, "vllm 0.32.0")
+        assert found.status == "MISMATCH" and f"left 1 parameters uninitialised: {name}" in found.message, result

@@ -8,6 +8,11 @@ read). For each draft: `EngineArgs(model=TARGET, speculative_config={"method": "
 .create_engine_config()`, parallel groups of one rank (gloo), then `vllm.model_executor.model_loader.get_model` with
 the draft's model config, which builds the class vLLM picks and feeds it the checkpoint through its own
 `load_weights`, watched by `track.Tracker`. A load vLLM refuses is reported with its error.
+
+Then one forward step over the loaded draft, as vLLM's proposer runs it (`combine_hidden_states`, the model, then
+`compute_logits`; no attention metadata, so attention computes nothing, as in vLLM's own profiling run), with every
+module's entry recorded: a parameter whose module never ran is one vLLM builds but never reads (its Eagle-3 decoder
+layers after the first build a `hidden_norm` that only layer 0 applies), so leaving it unset costs nothing.
 """
 from __future__ import annotations
 
@@ -27,6 +32,36 @@ def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _unused(model, config) -> list[str]:
+    """The parameters of modules that one draft step never enters (a module handed to a running one as an argument,
+    the lm_head to the logits processor, counts as entered)."""
+    import torch
+    from vllm.forward_context import set_forward_context
+
+    entered: set[int] = set()
+
+    def enter(module, args):
+        entered.add(id(module))
+        entered.update(id(a) for a in args if isinstance(a, torch.nn.Module))
+
+    hooks = [m.register_forward_pre_hook(enter) for m in model.modules()]
+    try:
+        tokens = 4
+        fc = getattr(getattr(model, "model", model), "fc", None)
+        width = getattr(fc, "input_size", None) or model.config.hidden_size
+        with torch.no_grad(), set_forward_context(None, config):
+            hidden = torch.zeros(tokens, width)
+            if hasattr(model, "combine_hidden_states"):
+                hidden = model.combine_hidden_states(hidden)
+            out = model(torch.zeros(tokens, dtype=torch.long), torch.arange(tokens), hidden)
+            model.compute_logits(out[0] if isinstance(out, tuple) else out)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [f"{prefix}.{name}" if prefix else name for prefix, module in model.named_modules()
+            if id(module) not in entered for name, _ in module.named_parameters(recurse=False)]
 
 
 def main(result: Path, target: str, drafts: list[str]) -> None:
@@ -62,8 +97,12 @@ def main(result: Path, target: str, drafts: list[str]) -> None:
             cls.load_weights = load_weights
             try:
                 with torch.no_grad():
-                    get_model(vllm_config=config, model_config=draft_config)
+                    model = get_model(vllm_config=config, model_config=draft_config)
                 results.append({"class": cls.__name__, **trackers[0].result()})
+                try:
+                    results[-1]["unused"] = _unused(model, config)
+                except Exception as exc:  # noqa: BLE001 without the step, every unset parameter counts as read
+                    results[-1]["forward_error"] = f"{type(exc).__name__}: {exc}"[:300]
             except Exception as exc:  # noqa: BLE001 vLLM refusing the checkpoint is the finding, in its words
                 results.append({"class": cls.__name__, "refused": f"{type(exc).__name__}: {exc}"[:600]})
             finally:
