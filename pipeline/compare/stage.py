@@ -22,7 +22,7 @@ from pipeline.data.prepare import prepare
 from pipeline.data.remote_code import load_tokenizer
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point, PointError, resolve
-from pipeline.shards.layout import enclosing_run
+from pipeline.shards.layout import run_conflict
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +58,8 @@ def run_diff(dcfg: DictConfig) -> DiffOutcome:
     started = time.perf_counter()
     cfg = to_config(dcfg)
     out_dir = Path(cfg.out_dir)
-    if (inside := enclosing_run(out_dir, itself=True)) is not None:
-        where = "is a run directory" if inside == out_dir.resolve() else f"is inside the run directory {inside}"
-        raise ConfigError(f"out_dir={cfg.out_dir!r} {where}: a report written there would make that run fail "
-                          f"verification (a run's own gate report is in its diff/); choose a directory outside it")
+    if (why := run_conflict(out_dir, itself=True)) is not None:
+        raise ConfigError(f"out_dir={cfg.out_dir!r} {why} (a run's own gate report is in its diff/)")
     check_data_path(cfg)
     model = resolve_model(cfg)
     runs = comparison(cfg.diff.reference, cfg.diff.engines, "diff.engines", model=model,

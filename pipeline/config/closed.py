@@ -17,6 +17,8 @@ import types
 import typing
 from typing import Iterable, Sequence
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 
@@ -64,9 +66,6 @@ def unknown_override_keys(schema: type, overrides: Sequence[str], groups: Iterab
     """The message `unknown_keys_message` would give for the plain `key=value` overrides (no `+`, `++` or `~`: the
     composed config's check sees those) whose key the schema does not declare; a config group's choice
     (`model=tiny_llama`), Hydra's own keys and what Hydra cannot parse are left to Hydra."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     groups = set(groups)
     found = []
     for text in overrides:

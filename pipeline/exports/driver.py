@@ -21,7 +21,7 @@ from pipeline.exports.base import Exporter, ExportSample
 from pipeline.exports.progress import ExportProgress
 from pipeline.exports.sidecar import build, claim, finish, hold, plan_record, status
 from pipeline.exports.slots import ExportError, SlotPlan, plan_slots
-from pipeline.shards.layout import enclosing_run
+from pipeline.shards.layout import run_conflict
 from pipeline.shards.manifest import ManifestError, read_manifest
 from pipeline.shards.reader import RunReader
 from pipeline.shards.verify import verify_run
@@ -110,10 +110,8 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
     """Export `run_dir` into `out` with `exporter`'s layout; ExportError says why a run or `out` does not fit."""
     run_dir, out = Path(run_dir), Path(out)
     manifest = _manifest(run_dir)
-    if (inside := enclosing_run(out, itself=True)) is not None:
-        where = "is the run directory" if inside == out.resolve() else f"is inside the run directory {inside}"
-        raise ExportError(f"--out {out} {where}: an export written there would make that run fail verification; "
-                          f"choose a directory outside it")
+    if (why := run_conflict(out, itself=True)) is not None:
+        raise ExportError(f"--out {out} {why}")
     num_layers = (manifest.get("provenance") or {}).get("model", {}).get("num_layers")
     if not isinstance(num_layers, int):
         raise ExportError(f"run {run_dir}: its manifest's provenance has no model.num_layers, so bN is unknown")

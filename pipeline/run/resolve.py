@@ -13,7 +13,7 @@ from pipeline.config.checks import check_data_path, resolve_model
 from pipeline.engines.registry import check_name
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point, PointError, resolve
-from pipeline.shards.layout import enclosing_run
+from pipeline.shards.layout import run_conflict
 from pipeline.shards.manifest import is_finished
 
 
@@ -35,9 +35,8 @@ def _check_engine(cfg: ExtractConfig) -> None:
 
 def _check_out_dir(cfg: ExtractConfig) -> Path:
     out = Path(cfg.out_dir)
-    if (run := enclosing_run(out)) is not None:
-        raise ConfigError(f"out_dir={cfg.out_dir!r} is inside the run directory {run}: a run written there would make "
-                          f"that run fail verification; choose a directory outside it")
+    if (why := run_conflict(out)) is not None:
+        raise ConfigError(f"out_dir={cfg.out_dir!r} {why}")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out_dir={cfg.out_dir!r} exists and is not a directory")
     if out.exists() and is_finished(out) and not cfg.overwrite:

@@ -19,14 +19,17 @@ REJECTS_DIR = "rejects"  # samples rejected at capture, one file per unit
 RUN_ROOT_NAMES = (MANIFEST_NAME, RUN_FILE, LOCK_NAME, PREPARE_REJECTS, REJECTS_DIR, SHARDS_DIR, DIFF_DIR)
 
 
-def enclosing_run(path: Path, *, itself: bool = False) -> Path | None:
-    """The nearest directory above `path` (or `path` itself, with `itself`) that holds a run (run.json or
-    manifest.json), else None: anything but a run's own files written into a run directory is a file its
-    verification names as not the run's, so that run would no longer verify (and exports refuse such a run)."""
+def run_conflict(path: Path, *, itself: bool = False) -> str | None:
+    """Why nothing may be written at `path` ("is inside the run directory R: ..."), or None: the nearest directory
+    above `path` (or `path` itself, with `itself`) holding a run (run.json or manifest.json). Anything but a run's own
+    files in a run directory is a file its verification names as not the run's, so that run would no longer verify
+    (and exports refuse such a run)."""
     path = Path(path).resolve()
     for parent in ([path] if itself else []) + list(path.parents):
         if (parent / RUN_FILE).is_file() or (parent / MANIFEST_NAME).is_file():
-            return parent
+            where = "is a run directory" if parent == path else f"is inside the run directory {parent}"
+            return f"{where}: anything written there would make that run fail verification; choose a directory " \
+                   f"outside it"
     return None
 
 
