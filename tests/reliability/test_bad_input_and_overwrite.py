@@ -20,14 +20,6 @@ from tests.helpers.runs import (
 pytestmark = pytest.mark.reliability
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory, models_root):
-    out = tmp_path_factory.mktemp("finished") / "run"
-    done = extract(out, *SMALL)
-    assert done.returncode == 0, output(done)[-3000:]
-    return out
-
-
 def _bad_records(path):
     path.write_text("\n".join([json.dumps({"messages": [{"role": "user", "content": "hi"}]}),  # no assistant turn
                                "{not json", json.dumps({"nothing": "usable"})]) + "\n")

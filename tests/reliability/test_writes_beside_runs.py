@@ -3,40 +3,25 @@ another run there would be files the run's verification names as not its own, so
 verify and exports would refuse it. Each is refused before it writes anything, and the run stays sound, byte for byte."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers.cli import cli
 from tests.helpers.runs import SMALL, extract, output, snapshot, verify
 
 pytestmark = pytest.mark.reliability
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory, models_root):
-    out = tmp_path_factory.mktemp("finished") / "run"
-    done = extract(out, *SMALL)
-    assert done.returncode == 0, output(done)[-3000:]
-    return out
-
-
-def _run(module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 def test_exports_reports_and_runs_inside_a_finished_run_are_refused(finished, tmp_path):
     before = snapshot(finished)
     logs = f"hydra.run.dir={tmp_path / 'logs'}"  # Hydra's own log directory, outside the run
     refused = {
-        "export into the run": _run("pipeline.export", str(finished), "--format", "speculators", "--out",
-                                    str(finished)),
-        "export below the run": _run("pipeline.export", str(finished), "--format", "specforge", "--out",
-                                     str(finished / "exports" / "specforge")),
-        "diff into the run": _run("pipeline.diff", f"out_dir={finished}", logs),
-        "diff below the run": _run("pipeline.diff", f"out_dir={finished / 'shards' / 'check'}", logs),
-        "run below the run": _run("pipeline.extract", f"out_dir={finished / 'again'}", logs, *SMALL),
+        "export into the run": cli("pipeline.export", str(finished), "--format", "speculators", "--out",
+                                   str(finished)),
+        "export below the run": cli("pipeline.export", str(finished), "--format", "specforge", "--out",
+                                    str(finished / "exports" / "specforge")),
+        "diff into the run": cli("pipeline.diff", f"out_dir={finished}", logs),
+        "diff below the run": cli("pipeline.diff", f"out_dir={finished / 'shards' / 'check'}", logs),
+        "run below the run": cli("pipeline.extract", f"out_dir={finished / 'again'}", logs, *SMALL),
     }
     for what, done in refused.items():
         assert done.returncode == 2, (what, output(done)[-2000:])

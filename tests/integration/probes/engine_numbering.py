@@ -39,6 +39,28 @@ def _bare(cls, num_layers: int, inner=None):
     return obj
 
 
+def _set_by_each_class(classes, wrapper, id_lists, *, build, text_class, set_ids, read) -> dict[str, list]:
+    """{class name: [what its own EAGLE-3 setter set, for each id list]} for `classes` and the Kimi-K2.5 `wrapper`,
+    whose setter reaches its text model (`build(text_class)`, as `language_model`)."""
+    import torch
+
+    out = {}
+    for cls in (*classes, wrapper):
+        got = []
+        for ids in id_lists:
+            if cls is wrapper:
+                obj = cls.__new__(cls)
+                torch.nn.Module.__init__(obj)
+                obj.language_model = build(text_class)
+                holder = obj.language_model
+            else:
+                obj = holder = build(cls)
+            set_ids(obj, ids)
+            got.append(list(read(holder.model)))
+        out[cls.__name__] = got
+    return out
+
+
 def sglang(request: dict) -> dict:
     from pipeline.engines.sglang.cpu import activate
 
@@ -47,22 +69,11 @@ def sglang(request: dict) -> dict:
     from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration
     from sglang.srt.models.llama import LlamaForCausalLM
 
-    n, out = request["num_layers"], {}
-    for cls in (LlamaForCausalLM, DeepseekV2ForCausalLM, KimiK25ForConditionalGeneration):
-        got = []
-        for ids in request["ids"]:
-            if cls is KimiK25ForConditionalGeneration:
-                obj = cls.__new__(cls)
-                __import__("torch").nn.Module.__init__(obj)
-                obj.language_model = _bare(DeepseekV2ForCausalLM, n)
-                obj.set_eagle3_layers_to_capture(ids)
-                got.append(list(obj.language_model.model.layers_to_capture))
-            else:
-                obj = _bare(cls, n)
-                obj.set_eagle3_layers_to_capture(ids)
-                got.append(list(obj.model.layers_to_capture))
-        out[cls.__name__] = got
-    return {"classes": out}
+    n = request["num_layers"]
+    return {"classes": _set_by_each_class(
+        (LlamaForCausalLM, DeepseekV2ForCausalLM), KimiK25ForConditionalGeneration, request["ids"],
+        build=lambda cls: _bare(cls, n), text_class=DeepseekV2ForCausalLM,
+        set_ids=lambda obj, ids: obj.set_eagle3_layers_to_capture(ids), read=lambda model: model.layers_to_capture)}
 
 
 def vllm(request: dict) -> dict:
@@ -72,21 +83,13 @@ def vllm(request: dict) -> dict:
     from vllm.transformers_utils.config import get_config
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    n, out = request["num_layers"], {}
-    for cls in (LlamaForCausalLM, DeepseekV2ForCausalLM, KimiK25ForConditionalGeneration):
-        got = []
-        for ids in request["ids"]:
-            if cls is KimiK25ForConditionalGeneration:
-                obj = cls.__new__(cls)
-                __import__("torch").nn.Module.__init__(obj)
-                obj.language_model = _bare(DeepseekV2ForCausalLM, n, DeepseekV2Model)
-                obj.set_aux_hidden_state_layers(tuple(ids))
-                got.append(list(obj.language_model.model.aux_hidden_state_layers))
-            else:
-                obj = _bare(cls, n, LlamaModel if cls is LlamaForCausalLM else DeepseekV2Model)
-                obj.set_aux_hidden_state_layers(tuple(ids))
-                got.append(list(obj.model.aux_hidden_state_layers))
-        out[cls.__name__] = got
+    n = request["num_layers"]
+    inner = {LlamaForCausalLM: LlamaModel, DeepseekV2ForCausalLM: DeepseekV2Model}
+    out = _set_by_each_class(
+        (LlamaForCausalLM, DeepseekV2ForCausalLM), KimiK25ForConditionalGeneration, request["ids"],
+        build=lambda cls: _bare(cls, n, inner[cls]), text_class=DeepseekV2ForCausalLM,
+        set_ids=lambda obj, ids: obj.set_aux_hidden_state_layers(tuple(ids)),
+        read=lambda model: model.aux_hidden_state_layers)
     drafts = {}
     for draft in request.get("drafts", []):
         config = get_config(draft, trust_remote_code=False)
