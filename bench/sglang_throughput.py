@@ -91,7 +91,7 @@ def alternate(args, path: Path, info, samples, work: Path) -> tuple[dict[str, li
 def main() -> None:
     args = parse_args()
     from pipeline.models.info import read_model_info
-    from pipeline.models.tiny import ensure_model
+    from pipeline.factory.tiny import ensure_model
 
     path = ensure_model(args.model)
     info = read_model_info(path)

@@ -52,7 +52,7 @@ def main() -> None:
     from pipeline.core.contracts import EngineSpec
     from pipeline.engines.registry import make_engine
     from pipeline.models.info import read_model_info
-    from pipeline.models.tiny import ensure_model
+    from pipeline.factory.tiny import ensure_model
     from pipeline.points import parse_points
     from pipeline.run.capture import StageSettings
 

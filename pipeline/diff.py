@@ -20,6 +20,7 @@ from rich.console import Console
 from pipeline.compare.stage import run_diff
 from pipeline.compare.tables import verdict_table
 from pipeline.config import ConfigError, exit_on_unknown_overrides, register_configs
+from pipeline.factory import build_step
 
 register_configs()
 log = logging.getLogger("pipeline.diff")
@@ -28,6 +29,7 @@ log = logging.getLogger("pipeline.diff")
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     try:
+        build_step(cfg)  # the tiny model a recipe names, built when missing: the job's first step
         outcome = run_diff(cfg)
     except ConfigError as e:
         log.error("configuration error: %s", e)

@@ -9,10 +9,11 @@ import hydra
 from omegaconf import DictConfig
 
 from pipeline.config import ConfigError, exit_on_unknown_overrides, register_configs
+from pipeline.core.claim import ClaimLost, DirBusy
 from pipeline.engines.base import EngineStartError
+from pipeline.factory import build_step
 from pipeline.run.gate import DiffGateError, describe, describe_storage
 from pipeline.run.job import NoValidRecords, run_extract
-from pipeline.run.lock import LockLost, OutDirBusy
 
 register_configs()
 log = logging.getLogger("pipeline.extract")
@@ -29,6 +30,7 @@ def os_error_line(e: OSError) -> str:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     try:
+        build_step(cfg)  # the tiny model a recipe names, built when missing: the job's first step
         summary = run_extract(cfg)
     except ConfigError as e:
         log.error("configuration error: %s", e)
@@ -41,13 +43,13 @@ def main(cfg: DictConfig) -> None:
     except DiffGateError as e:  # before any shard: the report says why
         log.error("stopped by the diff gate: %s", e)
         sys.exit(3)
-    except OutDirBusy as e:  # nothing was touched
+    except DirBusy as e:  # nothing was touched
         log.error("%s", e)
         sys.exit(2)
     except NoValidRecords as e:
         log.error("%s", e)
         sys.exit(2)
-    except LockLost as e:
+    except ClaimLost as e:
         log.error("run stopped, no manifest written: %s", e)
         sys.exit(1)
     except OSError as e:  # a full disk, a read-only mount, a failing device: one line, the traceback on request

@@ -36,4 +36,4 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
     export DEBIAN_FRONTEND=noninteractive
     apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
 fi
-.venv/bin/python -m pipeline.models.tiny
+.venv/bin/python -m pipeline.factory

@@ -23,7 +23,7 @@ def models_root() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(models_root):
-    from pipeline.models.tiny import ensure_model
+    from pipeline.factory.tiny import ensure_model
 
     return lambda name: ensure_model(name, models_root)
 
@@ -44,8 +44,8 @@ def compose_cfg(models_root):
 
 @pytest.fixture(scope="session")
 def kimi_dir(tmp_path_factory) -> Path:
-    """A Kimi-style remote-code tokenizer directory (pipeline.models.kimi_tokenizer), written once per session."""
-    from pipeline.models.kimi_tokenizer import write_kimi_tokenizer
+    """A Kimi-style remote-code tokenizer directory (pipeline.factory.kimi_tokenizer), written once per session."""
+    from pipeline.factory.kimi_tokenizer import write_kimi_tokenizer
 
     out = tmp_path_factory.mktemp("kimi_tok")
     write_kimi_tokenizer(out)

@@ -1,5 +1,6 @@
-"""Config against the world, before any model loads: the model directory (built first for a tiny-model recipe) and
-the data file. Each failure is a ConfigError naming the field and the value."""
+"""Config against the world, before any model loads: the model directory (for a tiny-model recipe: where the job's
+build step put it; nothing is built here) and the data file. Each failure is a ConfigError naming the field and the
+value."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,22 +8,18 @@ from pathlib import Path
 from pipeline.config.schema import ConfigError, ExtractConfig
 from pipeline.data.remote_code import RemoteCodeError, check_remote_code
 from pipeline.data.sources import check_readable
+from pipeline.models.built import built_model_dir
 from pipeline.models.info import ModelInfo, read_model_info
-from pipeline.models.tiny import ensure_model
 
 
 def _model_dir(cfg: ExtractConfig) -> Path:
     if not cfg.model.build:
         return Path(cfg.model.path)
-    path = Path(cfg.model.path) if cfg.model.path else None
-    if path is not None and path.name != cfg.model.build:
-        raise ConfigError(f"model.path={cfg.model.path!r}: a built model lives in a directory named after its recipe "
-                          f"{cfg.model.build!r}")
-    return ensure_model(cfg.model.build, path.parent if path is not None else None)  # cached after the first build
+    return built_model_dir(cfg.model.build, cfg.model.path)
 
 
 def resolve_model(cfg: ExtractConfig) -> ModelInfo:
-    """The model's facts (built first when it is a tiny-model recipe); errors name model.path, and
+    """The model's facts; errors name model.path, and
     model.trust_remote_code when the checkpoint needs its own code to load and the setting is off."""
     try:
         info = read_model_info(_model_dir(cfg))

@@ -18,7 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from pipeline.config.closed import unknown_keys_message, unknown_override_keys
 from pipeline.config.entries import SpecError, parse_entries, parse_entry
 from pipeline.core.contracts import Dtype, EngineSpec
-from pipeline.models.tiny import default_root
+from pipeline.models.built import models_root
 from pipeline.points import FRAMEWORKS
 
 # Choices are enums; fields hold their values as plain strings so that a bad value is a ConfigError naming the field
@@ -51,7 +51,7 @@ def _choice(choices: type[StrEnum], value: Any, field_name: str) -> StrEnum:
 class ModelConfig:
     name: str = MISSING
     path: Optional[str] = None  # a local checkpoint directory
-    build: Optional[str] = None  # a tiny-model recipe: `path` is built locally when it is missing
+    build: Optional[str] = None  # a tiny-model recipe (pipeline.factory): the job builds `path` when it is missing
     points: list[Any] = field(default_factory=list)  # the capture points recommended for this target
     # Run the Python files the checkpoint ships (auto_map: Kimi's tokenizer). Off unless asked for: they run with this
     # process's rights. Provenance records the setting and each file's sha256.
@@ -245,7 +245,7 @@ def _package_data(relative: str) -> str:
 
 
 def _tiny_model_dir(name: str) -> str:
-    return str(default_root() / name)
+    return str(models_root() / name)
 
 
 def register_configs() -> None:

@@ -7,6 +7,7 @@ from typing import Iterable, Protocol
 
 import torch
 
+from pipeline.core.outdir import Layout
 from pipeline.exports.slots import SlotPlan, TrainerLayout
 
 
@@ -29,6 +30,7 @@ class Exporter(Protocol):
     """A trainer layout: where sample i lives, how it is written, and what the trainer reads besides the samples."""
 
     layout: TrainerLayout
+    files: Layout  # what it writes into OUT (the export adds its sidecar and plan: pipeline.exports.sidecar)
 
     def sample_file(self, out: Path, index: int) -> Path:
         """The file holding sample `index`; names sort (as the trainer reads them) in the run's sample order."""

@@ -8,8 +8,6 @@ own index files; `export.json` last.
 """
 from __future__ import annotations
 
-import os
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -19,16 +17,12 @@ import torch
 from pipeline.core.io import atomic_path
 from pipeline.exports.base import Exporter, ExportSample
 from pipeline.exports.progress import ExportProgress
-from pipeline.exports.sidecar import build, claim, finish, hold, plan_record, status
+from pipeline.exports.sidecar import build, claim, export_layout, finish, hold, plan_record, status
 from pipeline.exports.slots import ExportError, SlotPlan, plan_slots
 from pipeline.shards.layout import run_conflict
 from pipeline.shards.manifest import ManifestError, read_manifest
 from pipeline.shards.reader import RunReader
 from pipeline.shards.verify import verify_run
-
-# Test hook, like a kill -9 at a chosen moment: the process SIGKILLs itself after writing sample N's temp file, before
-# renaming it (so the temp file is left behind exactly as a crash would leave it).
-KILL_AT_ENV = "PIPELINE_EXPORT_KILL_AT"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,16 +49,6 @@ def _verify(run_dir: Path) -> None:
                           f"see python -m pipeline.verify {run_dir}")
 
 
-def _remove_stale_temps(out: Path) -> None:
-    for tmp in out.rglob(".*.tmp"):  # only atomic_path's temp files: `.{name}.{random}.tmp`
-        tmp.unlink(missing_ok=True)
-
-
-def _kill_at() -> int | None:
-    value = os.environ.get(KILL_AT_ENV)
-    return int(value) if value else None
-
-
 def _samples(reader: RunReader) -> Iterator[tuple[int, str, int]]:
     """(index, sample_id, shard) in storage order, releasing each shard's mapping once it has been read."""
     previous = None
@@ -78,7 +62,7 @@ def _samples(reader: RunReader) -> Iterator[tuple[int, str, int]]:
 
 def _write_samples(reader: RunReader, exporter: Exporter, plan: SlotPlan, out: Path,
                    progress: ExportProgress) -> None:
-    kill_at, num_shards, previous = _kill_at(), len(reader.entries), None
+    num_shards, previous = len(reader.entries), None
     for index, sample_id, shard in _samples(reader):
         if previous is not None and shard != previous:
             progress.shard_done(previous, num_shards)
@@ -90,10 +74,8 @@ def _write_samples(reader: RunReader, exporter: Exporter, plan: SlotPlan, out: P
         row = reader[sample_id]
         sample = ExportSample(index=index, sample_id=sample_id, input_ids=row["input_ids"],
                               loss_mask=row["loss_mask"], hidden_TPH=row["hidden_states"])
-        with atomic_path(path) as tmp:
+        with atomic_path(path) as tmp:  # its fault points stand in for a crash at any sample (pipeline.core.faults)
             exporter.write_sample(tmp, sample, plan)
-            if kill_at == index:
-                os.kill(os.getpid(), signal.SIGKILL)
         progress.sample(num_tokens=sample.input_ids.shape[0], num_bytes=path.stat().st_size, skipped=False)
     if previous is not None:
         progress.shard_done(previous, num_shards)
@@ -130,7 +112,7 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
         found = claim(out, record)
         if found == "complete":  # another export finished it while this one verified the run
             return complete
-        _remove_stale_temps(out)
+        export_layout(exporter.files).remove_stale_temps(out)
         with RunReader(run_dir) as reader, progress:
             _write_samples(reader, exporter, plan, out, progress)
             index_files = exporter.finish(out, _tokens(reader))

@@ -4,17 +4,17 @@
 SGLang's and vLLM's numbering for this model (what a draft config must say to be served the same features).
 `.export-plan.json` is written first: a rerun resumes only an export of the same run, layout and slots.
 One export writes OUT at a time (`hold`): a second one started beside it would remove the first's temp files.
+What OUT holds is the trainer's files (`Exporter.files`) plus these two (`export_layout`).
 """
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
-from pipeline.core.io import sha256_file, sha256_json, write_text_atomic
+from pipeline.core.claim import DirClaim
+from pipeline.core.io import sha256_file, sha256_json
+from pipeline.core.outdir import Layout, remove, write_json
 from pipeline.exports.slots import ExportError, SlotPlan, TrainerLayout, serving_ids
 from pipeline.shards import layout as shard_layout
 from pipeline.shards.storage import of_manifest
@@ -22,6 +22,11 @@ from pipeline.shards.storage import of_manifest
 SIDECAR = "export.json"
 PLAN = ".export-plan.json"
 SIDECAR_VERSION = "1"
+
+
+def export_layout(files: Layout) -> Layout:
+    """An export directory: the trainer's `files`, the plan written first and the sidecar written last."""
+    return Layout(kind=f"{files.kind} export", files=files.files, dirs=files.dirs, start=PLAN, done=SIDECAR)
 
 
 def plan_record(run_dir: Path, manifest: Mapping[str, Any], layout: TrainerLayout, plan: SlotPlan) -> dict:
@@ -78,22 +83,12 @@ def status(out: Path, record: Mapping[str, Any]) -> str:
     return "fresh"
 
 
-@contextmanager
-def hold(out: Path) -> Iterator[None]:
+def hold(out: Path) -> DirClaim:
     """OUT (created if missing) for this process alone: an OS lock on the directory itself, so no file is added that
     a trainer could list, and the kernel releases it when the holder dies (kill -9 included)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ExportError(f"{out} is being written by another export; wait for it to finish (a rerun then "
-                              f"finds it complete) or choose another --out") from None
-        yield
-    finally:
-        os.close(fd)
+    return DirClaim(out, lock_file=None, busy_error=ExportError,
+                    refusal=lambda holder: f"{out} is being written by another export; wait for it to finish (a rerun "
+                                           f"then finds it complete) or choose another --out")
 
 
 def claim(out: Path, record: Mapping[str, Any]) -> str:
@@ -101,13 +96,13 @@ def claim(out: Path, record: Mapping[str, Any]) -> str:
     found = status(out, record)
     if found == "fresh":
         Path(out).mkdir(parents=True, exist_ok=True)
-        write_text_atomic(Path(out) / PLAN, json.dumps(record, indent=2, sort_keys=True) + "\n")
+        write_json(Path(out) / PLAN, record)
     return found
 
 
 def finish(out: Path, sidecar: Mapping[str, Any]) -> Path:
     """Write export.json (the export is complete from then on) and drop the plan file."""
     path = Path(out) / SIDECAR
-    write_text_atomic(path, json.dumps(sidecar, indent=2, sort_keys=True, default=str) + "\n")
-    (Path(out) / PLAN).unlink(missing_ok=True)
+    write_json(path, sidecar)
+    remove(Path(out) / PLAN)
     return path

@@ -18,6 +18,7 @@ from typing import Iterable, Iterator
 import torch
 from torch.utils.serialization import config as serialization_config
 
+from pipeline.core.outdir import Layout
 from pipeline.exports.base import ExportSample
 from pipeline.exports.slots import SlotPlan, TrainerLayout
 from pipeline.points import FINAL_NORM
@@ -27,6 +28,7 @@ LAYOUT = TrainerLayout(name="specforge", trainer="specforge==0.2.0", num_aux=3, 
 DATA_DIR = "data"
 PER_DIR = 10_000  # files per subdirectory: a million-sample export is not a million-entry directory
 _DIGITS = 10  # zero-padded so that lexicographic order is sample order up to 10^10 samples
+FILES = Layout(kind="specforge", dirs={DATA_DIR: (r"\d{%d}" % (_DIGITS - 4),)})  # SpecForge lists the tree itself
 
 
 @contextmanager
@@ -44,6 +46,7 @@ def _without_zip_crc32() -> Iterator[None]:
 
 class SpecForgeExporter:
     layout = LAYOUT
+    files = FILES
 
     def sample_file(self, out: Path, index: int) -> Path:
         return Path(out) / DATA_DIR / f"{index // PER_DIR:0{_DIGITS - 4}d}" / f"data_{index:0{_DIGITS}d}.ckpt"

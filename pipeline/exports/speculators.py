@@ -18,6 +18,7 @@ import pyarrow as pa
 import torch
 
 from pipeline.core.io import atomic_path, sha256_file
+from pipeline.core.outdir import Layout
 from pipeline.core.stfile import DTYPE_CODES, TensorSpec, header_bytes
 from pipeline.exports.base import ExportSample
 from pipeline.exports.slots import LAST_BOUNDARY, SlotPlan, TrainerLayout
@@ -29,6 +30,9 @@ HIDDEN_DIR = "hidden_states"
 ARROW_FILE = "data-00000-of-00001.arrow"  # the names datasets' save_to_disk gives a one-file dataset
 STATE_FILE = "state.json"
 INFO_FILE = "dataset_info.json"
+# What speculators' trainer reads: one file per sample, and the token columns as a one-file `datasets` dataset.
+FILES = Layout(kind="speculators", files=(ARROW_FILE, STATE_FILE, INFO_FILE),
+               dirs={HIDDEN_DIR: (r"hs_\d+\.safetensors",)})
 _COLUMNS = ("input_ids", "loss_mask", "seq_len")
 _SCHEMA = pa.schema([("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int64())),
                      ("seq_len", pa.int64())])
@@ -41,6 +45,7 @@ _BATCH_ROWS = 4096  # rows per Arrow record batch: the token columns of a teraby
 
 class SpeculatorsExporter:
     layout = LAYOUT
+    files = FILES
 
     def sample_file(self, out: Path, index: int) -> Path:
         return Path(out) / HIDDEN_DIR / f"hs_{index}.safetensors"  # the name FileTransfer.get_cached(i) opens

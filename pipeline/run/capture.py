@@ -17,8 +17,8 @@ from pipeline.core.io import sha256_file
 from pipeline.data.prepare import read_rejects, write_rejects
 from pipeline.engines.base import Engine
 from pipeline.points import Point
-from pipeline.run.lock import check_lease
-from pipeline.shards.layout import REJECTS_DIR, shard_name
+from pipeline.run.outdir import check_lease
+from pipeline.shards.layout import rejects_path
 from pipeline.shards.validate import capture_reject
 from pipeline.shards.writer import ShardEntry, completed_shard, write_shard
 
@@ -41,10 +41,6 @@ def _batches(samples: Sequence[PreparedSample], batch_size: int) -> list[list[Pr
     return [ordered[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-def _rejects_path(run_dir: Path, index: int) -> Path:
-    return run_dir / REJECTS_DIR / f"{shard_name(index)}.parquet"
-
-
 @dataclass(frozen=True, kw_only=True)
 class StageSettings:
     """Everything a capture stage needs besides its engine (small and picklable: it travels to Ray actors)."""
@@ -55,7 +51,7 @@ class StageSettings:
     storage_dtype: str | None
     metadata: Mapping[str, str]  # the compact provenance stored in every shard
     overlap_writes: bool = False  # write unit k while unit k+1 is captured (runner.overlap_writes)
-    lease_token: str | None = None  # the run directory's lock (pipeline.run.lock): checked before a shard is finished
+    lease_token: str | None = None  # the run directory's lease (pipeline.run.outdir): checked before a shard is finished
 
 
 def _checksums_match(run_dir: Path, entry: ShardEntry) -> bool:
@@ -67,7 +63,7 @@ def finished_unit(run_dir: Path, index: int) -> UnitResult | None:
     entry = completed_shard(run_dir, index)
     if entry is None or not _checksums_match(run_dir, entry):
         return None
-    return UnitResult(index=index, entry=entry, rejects=read_rejects(_rejects_path(run_dir, index)), skipped=True)
+    return UnitResult(index=index, entry=entry, rejects=read_rejects(rejects_path(run_dir, index)), skipped=True)
 
 
 def unfinished_units(run_dir: Path, num_units: int, on_finished: Callable[[UnitResult], None]) -> list[int]:
@@ -114,9 +110,9 @@ class CaptureStage:
         check_lease(run_dir, cfg.lease_token)
         # Capture rejects are written before the shard's completion marker, so a resumed run still reports them.
         if rejects:
-            write_rejects(_rejects_path(run_dir, index), rejects)
+            write_rejects(rejects_path(run_dir, index), rejects)
         else:  # a redone unit that rejects nothing now: an earlier attempt's rejects are not this shard's
-            _rejects_path(run_dir, index).unlink(missing_ok=True)
+            rejects_path(run_dir, index).unlink(missing_ok=True)
         entry = None
         if items:
             entry = write_shard(run_dir, index, items, points=[p.label for p in cfg.points],

@@ -27,7 +27,7 @@ from pipeline.core.contracts import PreparedSample
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point
 from pipeline.run.executor import Executor
-from pipeline.shards.layout import DIFF_DIR  # inside the run directory: the gate's report
+from pipeline.shards.layout import DIFF_DIR, REPORT_HTML  # DIFF_DIR: the gate's report, inside the run directory
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,19 @@ def off() -> GateOutcome:
     return GateOutcome(mode="off", status="off", summary={"status": "off", "gate": "off"})
 
 
+class GateOff:
+    """diff.gate=off: nothing is probed or compared; the outcome says the gate was off."""
+
+    def probe_references(self, samples: Sequence[PreparedSample], executor: Executor) -> None:
+        pass
+
+    def check(self, executor: Executor) -> GateOutcome:
+        return off()
+
+    def finish(self) -> None:
+        pass
+
+
 def primary_label(cfg: ExtractConfig) -> str:
     e = cfg.engine
     return f"{e.name}{'' if e.dtype == 'auto' else '@' + e.dtype} (primary)"
@@ -72,10 +85,11 @@ class DiffGate:
         self.outcome: GateOutcome | None = None
 
     @classmethod
-    def create(cls, cfg: ExtractConfig, model: ModelInfo, points: Sequence[Point], out_dir: Path) -> "DiffGate | None":
-        """None when diff.gate=off. Resolves the reference entries (config errors surface here, before any work)."""
+    def create(cls, cfg: ExtractConfig, model: ModelInfo, points: Sequence[Point],
+               out_dir: Path) -> "DiffGate | GateOff":
+        """GateOff when diff.gate=off. Resolves the reference entries (config errors surface here, before any work)."""
         if cfg.diff.gate == "off":
-            return None
+            return GateOff()
         others = comparison(cfg.diff.reference, cfg.diff.gate_engines, "diff.gate_engines", model=model,
                             all_points=all_points(model.num_layers), points=points,
                             trust_remote_code=cfg.model.trust_remote_code)
@@ -150,7 +164,7 @@ class DiffGate:
 
 def _where(report_dir: Path) -> str:
     d = report_dir.resolve()
-    if (d / "report.html").is_file():
+    if (d / REPORT_HTML).is_file():
         return f"report: {d}/report.html (report.json, report.md beside it)"
     return f"report: {d}/report.md (report.json beside it; plots: python -m pipeline.compare.html {d})"
 

@@ -18,11 +18,9 @@ from pipeline.data.remote_code import load_tokenizer
 from pipeline.run.capture import StageSettings, UnitResult
 from pipeline.run.executor import Executor
 from pipeline.run.gate import DiffGate, GateOutcome
-from pipeline.run.gate import off as gate_off
+from pipeline.run import outdir
 from pipeline.run.local import LocalExecutor
 from pipeline.run.ray import RayExecutor
-from pipeline.run import outdir
-from pipeline.run.lock import OutDirLock
 from pipeline.run.resolve import ResolvedRun, resolve_run
 from pipeline.shards.layout import FORMAT_VERSION, PREPARE_REJECTS, REJECTS_DIR
 from pipeline.shards.manifest import write_manifest
@@ -129,20 +127,18 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
     cfg = to_config(dcfg)
     run = resolve_run(cfg)  # every config error surfaces here, before any model loads
     executor = _executor(run)
-    gate = DiffGate.create(cfg, run.model, run.points, run.out_dir)  # None when diff.gate=off
+    gate = DiffGate.create(cfg, run.model, run.points, run.out_dir)  # GateOff when diff.gate=off
     config = resolved_dict(dcfg)
     prepared, chat_template = _prepare(run)
     digests = provenance.model_digests(run.model, chat_template, cfg.model.trust_remote_code)
     record = _run_record(run, config, prepared, digests)
-    # One writer per run directory, from the decision about what it holds to the manifest (pipeline.run.lock).
-    with OutDirLock(run.out_dir, wait=cfg.wait_for_lock) as lock:
+    with outdir.claim(run.out_dir, wait=cfg.wait_for_lock) as lock:
         plan = outdir.inspect(run.out_dir, record, overwrite=cfg.overwrite)  # refused before any engine starts
         if not prepared.samples:
             raise _no_valid_records(run, prepared, plan)
-        if gate is not None:
-            gate.probe_references(prepared.samples, executor)  # the reference engines: started, probed, closed
+        gate.probe_references(prepared.samples, executor)  # the reference engines: started, probed, closed
         with executor:  # the primary starts once: the gate probes it, then it captures the run
-            outcome = gate.check(executor) if gate is not None else gate_off()  # may stop the run: no shard yet
+            outcome = gate.check(executor)  # may stop the run: no shard yet
             outdir.prepare(run.out_dir, record, plan)
             write_rejects(run.out_dir / PREPARE_REJECTS, prepared.rejects)
             units = plan_units(prepared.samples, max_tokens_per_shard=cfg.runner.max_tokens_per_shard,
@@ -159,10 +155,10 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
             results = executor.run(settings, run.out_dir, units)
             capture_seconds = time.perf_counter() - capture_started
         manifest = _manifest(run, prov, results, prepared)
-        lock.check()  # the directory is still this run's: only then may the manifest make it finished
+        # The directory is still this run's: only then may the manifest make it finished.
+        outdir.check_lease(run.out_dir, lock.token)
         write_manifest(run.out_dir, manifest)
-    if gate is not None:
-        gate.finish()  # the gate report's HTML, rendered off the capture's critical path
+    gate.finish()  # the gate report's HTML, rendered off the capture's critical path
     return RunSummary(out_dir=run.out_dir, num_samples=manifest["num_samples"], num_tokens=manifest["num_tokens"],
                       num_shards=len(manifest["shards"]), num_rejects=manifest["rejects"]["total"],
                       points=manifest["points"], resumed_shards=sum(r.skipped for r in results),

@@ -1,4 +1,5 @@
-"""What the run directory holds, decided under its lock (pipeline.run.lock), and what this run does with it.
+"""What the run directory (its layout: pipeline.shards.layout.RUN) holds, decided under its lock, and what this run
+does with it.
 
 - new: nothing of a run, or only what a run that never started leaves (a gate report, rejects of data without one
   valid record, temp files, a replacement cut short): those leftovers are cleared and the run starts;
@@ -12,53 +13,18 @@ process was given overwrite=true.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Literal
 
 from pipeline.config import ConfigError
-from pipeline.core.faults import fault_point
-from pipeline.core.io import write_text_atomic
-from pipeline.shards.layout import (
-    DIFF_DIR,
-    LOCK_NAME,
-    MANIFEST_NAME,
-    REJECTS_DIR,
-    RUN_FILE,
-    RUN_ROOT_NAMES,
-    SHARDS_DIR,
-    is_temp_of,
-    run_owned,
-)
+from pipeline.core.claim import DirClaim
+from pipeline.core.claim import check_lease as claim_check
+from pipeline.core.outdir import changed, remove, write_json
+from pipeline.shards.layout import DIFF_DIR, LOCK_NAME, MANIFEST_NAME, RUN, RUN_FILE
 from pipeline.shards.manifest import is_finished
 
 Plan = Literal["new", "resume", "replace"]
 _KEPT = (LOCK_NAME, DIFF_DIR)  # the lock being held, and this run's own gate report
-
-
-def _changed(previous: dict, record: dict) -> list[str]:
-    """The record's keys that differ; a changed config names its settings (at most 4), e.g.
-    `config (runner.storage_dtype: 'float8_e4m3fn' then, None now)`."""
-    out = []
-    for key in sorted(set(previous) | set(record)):
-        then, now = previous.get(key), record.get(key)
-        if then == now:
-            continue
-        settings = _settings(then, now, "") if isinstance(then, dict) and isinstance(now, dict) else []
-        shown = "; ".join(f"{k}: {a!r} then, {b!r} now" for k, a, b in settings[:4])
-        out.append(f"{key} ({shown}{'; ...' if len(settings) > 4 else ''})" if shown else key)
-    return out
-
-
-def _settings(then: dict, now: dict, prefix: str) -> list[tuple[str, object, object]]:
-    diffs = []
-    for key in sorted(set(then) | set(now), key=str):
-        a, b = then.get(key), now.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            diffs += _settings(a, b, f"{prefix}{key}.")
-        elif a != b:
-            diffs.append((f"{prefix}{key}", a, b))
-    return diffs
 
 
 def _resume_hint(previous: dict, record: dict) -> str:
@@ -71,15 +37,11 @@ def _resume_hint(previous: dict, record: dict) -> str:
     return f"resume it with the same settings and the code it started with (git commit {code['git_commit']}{dirty})"
 
 
-def _foreign(out: Path) -> list[str]:
-    return sorted(p.name for p in out.iterdir() if not run_owned(p.name))
-
-
 def inspect(out: Path, record: dict, *, overwrite: bool) -> Plan:
     """Read-only: what `prepare` will do with `out`; ConfigError where it must refuse."""
     if not out.exists():
         return "new"
-    foreign = _foreign(out)
+    foreign = RUN.foreign(out)
     marker = out / RUN_FILE
     previous = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else None
     finished = is_finished(out)
@@ -87,7 +49,7 @@ def inspect(out: Path, record: dict, *, overwrite: bool) -> Plan:
         return "resume"
     if finished or previous is not None:
         what = "a finished run (manifest.json)" if finished else \
-            f"an unfinished run with a different {', '.join(_changed(previous, record))}"
+            f"an unfinished run with a different {', '.join(changed(previous, record))}"
         if not overwrite:
             hint = "choose another out_dir, or pass overwrite=true to replace it" if finished else \
                 f"{_resume_hint(previous, record)}, choose another out_dir, or pass overwrite=true to replace it"
@@ -103,30 +65,31 @@ def inspect(out: Path, record: dict, *, overwrite: bool) -> Plan:
     return "new"
 
 
-def _remove(path: Path) -> None:
-    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
-    fault_point("remove", path.name)
-
-
-def _remove_stale_temps(out: Path) -> None:
-    """Temp files of writes a killed run left (pipeline.core.io.atomic_path names them `.<name>.<random>.tmp`)."""
-    for child in out.iterdir():
-        if any(is_temp_of(child.name, name) for name in RUN_ROOT_NAMES):
-            _remove(child)
-    for sub in (REJECTS_DIR, SHARDS_DIR):
-        for stale in (out / sub).glob(".*.tmp"):
-            _remove(stale)
-
-
 def prepare(out: Path, record: dict, plan: Plan) -> None:
     """Make `out` ready for this run as `inspect` decided (under the same lock, so nothing changed in between)."""
     if plan == "resume":
-        _remove_stale_temps(out)
+        RUN.remove_stale_temps(out)
         return
     manifest = out / MANIFEST_NAME
     if manifest.exists():
-        _remove(manifest)
+        remove(manifest)
     for child in sorted(out.iterdir()):
-        if run_owned(child.name) and child.name not in _KEPT:
-            _remove(child)
-    write_text_atomic(out / RUN_FILE, json.dumps(record, indent=2, sort_keys=True))
+        if RUN.owns(child.name) and child.name not in _KEPT:
+            remove(child)
+    write_json(out / RUN_FILE, record)
+
+
+def claim(out: Path, *, wait: bool) -> DirClaim:
+    """The run directory for this process alone, from the decision about what it holds to the manifest; its lease
+    lets writers on other hosts check they still write for this run (`check_lease`)."""
+    name = f"out_dir={str(out)!r}"
+    return DirClaim(out, lock_file=RUN.lock, lease=True, wait=wait,
+                    refusal=lambda holder: f"{name} is in use by {holder}: another extract is writing it. Wait for it "
+                                           f"to finish, or pass wait_for_lock=true to wait here",
+                    waiting=lambda holder: f"{name} is in use by {holder}; waiting for it (wait_for_lock=true)")
+
+
+def check_lease(out: Path, token: str | None) -> None:
+    """ClaimLost unless the run directory's lease still carries `token` (None: no lease in use)."""
+    claim_check(Path(out) / LOCK_NAME, token, what=f"out_dir={str(out)!r}",
+                then="stopped before finishing another shard")

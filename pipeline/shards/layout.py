@@ -1,22 +1,40 @@
-"""Names, paths and dtypes of the on-disk shard format, shared by the writer, the reader and the verifier."""
+"""The run directory's layout, and the names, paths and dtypes of its shard format: shared by the writer, the reader
+and the verifier."""
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from pipeline.core.outdir import Layout
 
 FORMAT_VERSION = "1"
 SHARDS_DIR = "shards"
 MANIFEST_NAME = "manifest.json"
 DIFF_DIR = "diff"  # the diff gate's report, written before the run starts (pipeline.run.gate)
 RUN_FILE = "run.json"  # written when a run starts; a rerun resumes only a run of the same config
-LOCK_NAME = ".lock"  # the out_dir lock and its holder (pipeline.run.lock)
+LOCK_NAME = ".lock"  # the out_dir lock and its lease (pipeline.core.claim)
 PREPARE_REJECTS = "rejects.parquet"  # records rejected by data preparation
 REJECTS_DIR = "rejects"  # samples rejected at capture, one file per unit
-# Every name a run writes at its root; their temp files are `.<name>.<random>.tmp` beside them.
-RUN_ROOT_NAMES = (MANIFEST_NAME, RUN_FILE, LOCK_NAME, PREPARE_REJECTS, REJECTS_DIR, SHARDS_DIR, DIFF_DIR)
+SHARD_SUFFIXES = {"safetensors": ".safetensors", "parquet": ".parquet", "marker": ".done.json"}
+
+# A diff report's files (pipeline.compare.report): in a run's diff/ folder, or in pipeline.diff's out_dir.
+REPORT_JSON, REPORT_MD, REPORT_HTML = "report.json", "report.md", "report.html"
+REPORT = Layout(kind="diff report", files=(REPORT_JSON, REPORT_MD, REPORT_HTML))
+_SHARD = r"shard-\d{5,}"  # shard_name
+SHARD_NAME = re.compile(_SHARD)
+# Every name a run writes; their temp files are `.<name>.<random>.tmp` beside them.
+RUN = Layout(
+    kind="run",
+    files=(MANIFEST_NAME, RUN_FILE, LOCK_NAME, PREPARE_REJECTS),
+    dirs={SHARDS_DIR: tuple(_SHARD + re.escape(s) for s in SHARD_SUFFIXES.values()),
+          REJECTS_DIR: (_SHARD + r"\.parquet",),  # the capture rejects of one unit
+          DIFF_DIR: tuple(map(re.escape, REPORT.files))},
+    lock=LOCK_NAME, start=RUN_FILE, done=MANIFEST_NAME,
+)
 
 
 def run_conflict(path: Path, *, itself: bool = False) -> str | None:
@@ -31,16 +49,6 @@ def run_conflict(path: Path, *, itself: bool = False) -> str | None:
             return f"{where}: anything written there would make that run fail verification; choose a directory " \
                    f"outside it"
     return None
-
-
-def is_temp_of(name: str, final: str) -> bool:
-    """True for the temp file of an atomic write of `final` (pipeline.core.io.atomic_path)."""
-    return name.startswith(f".{final}.") and name.endswith(".tmp")
-
-
-def run_owned(name: str) -> bool:
-    """A name at a run directory's root that a run writes (or the temp file of one)."""
-    return name in RUN_ROOT_NAMES or any(is_temp_of(name, n) for n in RUN_ROOT_NAMES)
 
 # Tensor names inside a shard's .safetensors file, in the order they are laid out: 8-byte types first so every tensor
 # starts on its natural alignment for zero-copy readers. fp8 storage adds HIDDEN_SCALES [T, P] float32 right after
@@ -85,8 +93,12 @@ def shard_name(index: int) -> str:
 def shard_paths(run_dir: Path, index: int) -> dict[str, Path]:
     """The three files of shard `index`: safetensors, parquet and the completion marker (written last)."""
     base = Path(run_dir) / SHARDS_DIR / shard_name(index)
-    return {"safetensors": base.with_suffix(".safetensors"), "parquet": base.with_suffix(".parquet"),
-            "marker": base.with_suffix(".done.json")}
+    return {kind: base.with_suffix(suffix) for kind, suffix in SHARD_SUFFIXES.items()}
+
+
+def rejects_path(run_dir: Path, index: int) -> Path:
+    """The capture rejects of unit `index` (written beside its shard, also when every sample was rejected)."""
+    return Path(run_dir) / REJECTS_DIR / f"{shard_name(index)}.parquet"
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -46,10 +46,10 @@ class RunReader:
         self.storage = of_manifest(self.manifest)
         self.decode = decode
         self.entries = [ShardEntry.from_dict(e) for e in self.manifest["shards"]]
-        self._tensor_files = [self.run_dir / _file_of(e, ".safetensors") for e in self.entries]
+        self._tensor_files = [self.run_dir / _file_of(e, layout.SHARD_SUFFIXES["safetensors"]) for e in self.entries]
         self._index: dict[str, _Location] = {}
         for shard, entry in enumerate(self.entries):
-            self._index_shard(shard, self.run_dir / _file_of(entry, ".parquet"))
+            self._index_shard(shard, self.run_dir / _file_of(entry, layout.SHARD_SUFFIXES["parquet"]))
         self._handles: dict[int, Any] = {}
 
     def _index_shard(self, shard: int, parquet: Path) -> None:

@@ -25,12 +25,13 @@ from pipeline.shards.verify_claims import (
 )
 from pipeline.shards.verify_shard import Expected, check_shard
 from pipeline.shards.verify_tree import (
-    SHARD_NAME,
     escape_problem,
     through_symlink,
     tree_problems,
 )
 from pipeline.shards.writer import ShardEntry
+
+_DATA_SUFFIXES = (layout.SHARD_SUFFIXES["safetensors"], layout.SHARD_SUFFIXES["parquet"])
 
 
 def _expected(manifest: dict[str, Any]) -> tuple[Expected | None, list[str]]:
@@ -112,7 +113,7 @@ def _outside(run_dir: Path, entry: ShardEntry) -> tuple[set[str], list[str]]:
     """The listed files of `entry` that are not plain paths inside the run (never read), and why: '..' and absolute
     paths here; a path through a symlink is named once, by the tree check."""
     outside, problems = set(), []
-    if not SHARD_NAME.fullmatch(entry.name):
+    if not layout.SHARD_NAME.fullmatch(entry.name):
         problems.append(f"{entry.name}: shard name is not shard-NNNNN")
     for rel in sorted(entry.files):
         problem = escape_problem(rel)
@@ -121,7 +122,7 @@ def _outside(run_dir: Path, entry: ShardEntry) -> tuple[set[str], list[str]]:
             outside.add(rel)
         elif through_symlink(run_dir, rel):
             outside.add(rel)
-        elif rel not in (home := {f"{layout.SHARDS_DIR}/{entry.name}{s}" for s in (".safetensors", ".parquet")}):
+        elif rel not in (home := {f"{layout.SHARDS_DIR}/{entry.name}{s}" for s in _DATA_SUFFIXES}):
             problems.append(f"{entry.name}: listed file {rel} is not one of the shard's own files {sorted(home)}")
             outside.add(rel)
     return outside, problems
@@ -144,11 +145,10 @@ def _file_problems(run_dir: Path, entry: ShardEntry, outside: set[str]) -> list[
 
 def _shard_files(run_dir: Path, entry: ShardEntry) -> tuple[Path, Path] | str:
     """The shard's (.safetensors, .parquet) paths, or why its contents cannot be checked."""
-    suffixes = (".safetensors", ".parquet")
-    by_suffix = {suffix: [rel for rel in entry.files if rel.endswith(suffix)] for suffix in suffixes}
+    by_suffix = {suffix: [rel for rel in entry.files if rel.endswith(suffix)] for suffix in _DATA_SUFFIXES}
     if any(len(rels) != 1 for rels in by_suffix.values()):
         return f"{entry.name}: needs one .safetensors and one .parquet file, manifest lists {sorted(entry.files)}"
-    st, pq = (run_dir / by_suffix[s][0] for s in suffixes)
+    st, pq = (run_dir / by_suffix[s][0] for s in _DATA_SUFFIXES)
     return (st, pq) if st.is_file() and pq.is_file() else ""  # missing files are already reported
 
 
@@ -166,7 +166,8 @@ def _duplicate_problems(owners: dict[str, list[str]]) -> list[str]:
 
 def _listed(entries: list[ShardEntry]) -> set[str]:
     """The files shards/ may hold: the listed files and the completion marker of every listed shard."""
-    return {rel for e in entries for rel in e.files} | {f"{layout.SHARDS_DIR}/{e.name}.done.json" for e in entries}
+    marker = layout.SHARD_SUFFIXES["marker"]
+    return {rel for e in entries for rel in e.files} | {f"{layout.SHARDS_DIR}/{e.name}{marker}" for e in entries}
 
 
 def verify_run(run_dir: Path) -> list[str]:

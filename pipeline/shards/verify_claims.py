@@ -19,8 +19,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from pipeline import provenance
-from pipeline.shards.layout import PREPARE_REJECTS, REJECTS_DIR, RUN_FILE
-from pipeline.shards.verify_tree import CAPTURE_REJECTS_FILE
+from pipeline.shards.layout import PREPARE_REJECTS, REJECTS_DIR, RUN, RUN_FILE
 
 _MAX_LISTED = 3
 
@@ -78,7 +77,7 @@ def _reject_tables(run_dir: Path) -> tuple[list[tuple[str, list[str], list[str]]
     paths = [run_dir / PREPARE_REJECTS]
     folder = run_dir / REJECTS_DIR
     if folder.is_dir() and not folder.is_symlink():
-        paths += sorted(p for p in folder.iterdir() if CAPTURE_REJECTS_FILE.fullmatch(p.name))
+        paths += sorted(p for p in folder.iterdir() if RUN.holds(REJECTS_DIR, p.name))
     tables, problems = [], []
     for path in paths:
         rel = path.relative_to(run_dir).as_posix()

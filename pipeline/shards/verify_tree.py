@@ -1,27 +1,21 @@
 """What lies in a run directory: every path the manifest lists stays inside it, and every file in it is one a run writes.
 
-A run writes, at its root: manifest.json, run.json (its start record), rejects.parquet (data preparation's rejects)
-and .lock (the out_dir lock); and the folders shards/ (shard-NNNNN.safetensors, .parquet and .done.json of the shards
-the manifest lists), rejects/ (shard-NNNNN.parquet: the capture rejects of a unit) and diff/ (the gate's report.json,
-report.md, report.html). Anything else is named: a user's file, a symlink (its target is not the run's to vouch for),
+What a run writes is its layout (pipeline.shards.layout.RUN): at its root manifest.json, run.json (its start record),
+rejects.parquet (data preparation's rejects) and .lock (the out_dir lock); and the folders shards/ (of which only the
+files of the shards the manifest lists and their markers), rejects/ (shard-NNNNN.parquet: the capture rejects of a
+unit) and diff/ (the gate's report). Anything else is named: a user's file, a symlink (its target is not the run's to vouch for),
 a special file, and the temp file of an interrupted atomic write (`.<name>.<random>.tmp`, which a finished run has
 none of).
 """
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path, PurePosixPath
 from typing import Iterable
 
-from pipeline.shards import layout
-from pipeline.shards.layout import LOCK_NAME, PREPARE_REJECTS, REJECTS_DIR, RUN_FILE
+from pipeline.shards.layout import DIFF_DIR, REJECTS_DIR, RUN, SHARDS_DIR
 
-ROOT_FILES = frozenset({layout.MANIFEST_NAME, RUN_FILE, PREPARE_REJECTS, LOCK_NAME})
-ROOT_DIRS = frozenset({layout.SHARDS_DIR, REJECTS_DIR, layout.DIFF_DIR})
-DIFF_FILES = frozenset({"report.json", "report.md", "report.html"})
-SHARD_NAME = re.compile(r"shard-\d{5,}")  # layout.shard_name
-CAPTURE_REJECTS_FILE = re.compile(r"shard-\d{5,}\.parquet")
+_WHERE = {REJECTS_DIR: "in rejects/ (capture rejects are shard-NNNNN.parquet)", DIFF_DIR: "in diff/ (the gate's report)"}
 
 
 def escape_problem(rel: object) -> str | None:
@@ -72,9 +66,9 @@ def tree_problems(run_dir: Path, listed: Iterable[str]) -> list[str]:
         problem = _describe(entry, rel)
         if problem is not None:
             problems.append(problem)
-        elif entry.is_dir() and entry.name in ROOT_DIRS:
+        elif entry.is_dir() and entry.name in RUN.dirs:
             problems += _folder_problems(run_dir, entry, listed)
-        elif not (entry.is_file() and entry.name in ROOT_FILES):
+        elif not (entry.is_file() and entry.name in RUN.files):
             problems.append(_unknown(entry, rel, "in the run directory"))
     return problems
 
@@ -86,12 +80,9 @@ def _folder_problems(run_dir: Path, folder: os.DirEntry, listed: set[str]) -> li
         problem = _describe(entry, rel)
         if problem is not None:
             problems.append(problem)
-        elif folder.name == layout.SHARDS_DIR:
+        elif folder.name == SHARDS_DIR:
             if entry.is_dir() or rel not in listed:
                 problems.append(f"unlisted {'directory' if entry.is_dir() else 'file'} {rel} in shards/")
-        elif folder.name == REJECTS_DIR:
-            if entry.is_dir() or not CAPTURE_REJECTS_FILE.fullmatch(entry.name):
-                problems.append(_unknown(entry, rel, "in rejects/ (capture rejects are shard-NNNNN.parquet)"))
-        elif entry.is_dir() or entry.name not in DIFF_FILES:
-            problems.append(_unknown(entry, rel, "in diff/ (the gate's report)"))
+        elif entry.is_dir() or not RUN.holds(folder.name, entry.name):
+            problems.append(_unknown(entry, rel, _WHERE[folder.name]))
     return problems

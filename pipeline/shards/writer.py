@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.core.contracts import Capture, PreparedSample
-from pipeline.core.faults import fault_point
-from pipeline.core.io import atomic_path, sha256_file, write_text_atomic
+from pipeline.core.io import atomic_path
+from pipeline.core.outdir import clear_marker, file_records, files_intact, read_marker, remove_temps_of, write_marker
 from pipeline.core.stfile import StreamingWriter, TensorSpec
 from pipeline.shards import layout
 from pipeline.shards.storage import ShardEncoder, Storage, choose
@@ -150,9 +150,8 @@ def write_shard(run_dir: Path, index: int, items: Sequence[Item], *, points: Seq
     storage = choose(dtype, storage_dtype)
     st_meta = _shard_metadata(points, metadata, storage)
     paths = layout.shard_paths(run_dir, index)
-    paths["marker"].unlink(missing_ok=True)  # from here on the shard counts as unfinished
-    fault_point("unlink", paths["marker"].name)
-    _remove_stale_temps(paths)
+    clear_marker(paths["marker"])
+    remove_temps_of(paths.values())  # left by a killed writer of this shard: they would show up as unlisted files
     with atomic_path(paths["safetensors"]) as tmp:
         st_sha, stored = _write_safetensors(tmp, items, hidden_size=hidden_size, num_points=len(points),
                                             storage=storage, metadata=st_meta)
@@ -163,12 +162,11 @@ def write_shard(run_dir: Path, index: int, items: Sequence[Item], *, points: Seq
         num_loss_tokens=sum(sample.num_loss_tokens for sample, _ in items),
         files={_relative(run_dir, paths["safetensors"]): {"sha256": st_sha,
                                                           "bytes": paths["safetensors"].stat().st_size},
-               _relative(run_dir, paths["parquet"]): {"sha256": sha256_file(paths["parquet"]),
-                                                      "bytes": paths["parquet"].stat().st_size}},
+               **file_records(run_dir, [paths["parquet"]])},
         dtype=storage.dtype, points=list(points), storage=stored)
     if before_marker is not None:
         before_marker()
-    write_text_atomic(paths["marker"], json.dumps(entry.to_dict(), sort_keys=True, indent=2) + "\n")
+    write_marker(paths["marker"], entry.to_dict())
     return entry
 
 
@@ -176,24 +174,13 @@ def _relative(run_dir: Path, path: Path) -> str:
     return path.relative_to(Path(run_dir)).as_posix()
 
 
-def _remove_stale_temps(paths: Mapping[str, Path]) -> None:
-    """Temp files left by a killed writer of this shard would otherwise show up as unlisted files."""
-    for path in paths.values():
-        for stale in path.parent.glob(f".{path.name}.*.tmp"):
-            stale.unlink(missing_ok=True)
-
-
 def completed_shard(run_dir: Path, index: int) -> ShardEntry | None:
     """The entry of shard `index` if its marker exists and its files have the recorded sizes, else None."""
-    marker = layout.shard_paths(run_dir, index)["marker"]
+    record = read_marker(layout.shard_paths(run_dir, index)["marker"])
     try:
-        entry = ShardEntry.from_dict(json.loads(marker.read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError):
-        return None  # no marker, or one torn by a crash: the shard is redone
-    if entry.name != layout.shard_name(index):
+        entry = ShardEntry.from_dict(record) if record is not None else None
+    except (ValueError, TypeError):
+        return None  # a marker of another shape: the shard is redone
+    if entry is None or entry.name != layout.shard_name(index) or not files_intact(run_dir, entry.files):
         return None
-    for rel, info in entry.files.items():
-        path = Path(run_dir) / rel
-        if not path.is_file() or path.stat().st_size != info.get("bytes"):
-            return None
     return entry

@@ -6,11 +6,13 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from safetensors import safe_open
 
-from pipeline.exports.driver import KILL_AT_ENV
+from pipeline.core.faults import FAULT_ENV
+from pipeline.exports.formats import exporter_for
 from pipeline.shards.reader import RunReader
 from tests.exports.conftest import cli, extract
 
@@ -19,6 +21,13 @@ pytestmark = pytest.mark.integration
 
 def export(run, out, fmt, *args, env=None):
     return cli("pipeline.export", str(run), "--format", fmt, "--out", str(out), *args, env=env)
+
+
+def killed_at(fmt, index):
+    """The environment of an export that kills itself (SIGKILL) once sample `index`'s temp file is complete, before
+    its rename: the temp file is left exactly as a crash would leave it."""
+    name = exporter_for(fmt).sample_file(Path("out"), index).name
+    return {**os.environ, FAULT_ENV: f"kill@write:{name}"}
 
 
 def _one_line_error(proc) -> str:
@@ -83,7 +92,7 @@ def _finished(out):
 @pytest.mark.parametrize("fmt", ["speculators", "specforge"])
 def test_a_killed_export_is_completed_by_a_rerun_without_rewriting_finished_files(fmt, llama_run, tmp_path):
     out = tmp_path / "out"
-    killed = export(llama_run, out, fmt, env={**os.environ, KILL_AT_ENV: "7"})
+    killed = export(llama_run, out, fmt, env=killed_at(fmt, 7))
     assert killed.returncode == -9, killed.stderr
     assert not (out / "export.json").exists()  # not finished, and does not look finished
     temps = [p for p in out.rglob("*") if p.name.endswith(".tmp")]
@@ -103,7 +112,7 @@ def test_a_killed_export_is_completed_by_a_rerun_without_rewriting_finished_file
 def test_resumed_speculators_files_hold_the_runs_slots(llama_run, tmp_path):
     """The files written before and after the kill are the same as a one-go export's (safetensors: read here)."""
     out = tmp_path / "out"
-    export(llama_run, out, "speculators", env={**os.environ, KILL_AT_ENV: "3"})
+    export(llama_run, out, "speculators", env=killed_at("speculators", 3))
     assert export(llama_run, out, "speculators").returncode == 0
     with RunReader(llama_run) as reader:
         for i, sample in enumerate(reader.iter_samples()):
@@ -128,7 +137,7 @@ def test_a_second_export_into_an_out_being_written_is_refused_and_the_first_is_u
     its whole run), another is refused before touching anything; once the holder is gone (killed: the kernel drops
     the lock) the same command completes the export."""
     out = tmp_path / "out"
-    killed = export(llama_run, out, "speculators", env={**os.environ, KILL_AT_ENV: "4"})
+    killed = export(llama_run, out, "speculators", env=killed_at("speculators", 4))
     assert killed.returncode == -9
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     holder = subprocess.Popen(

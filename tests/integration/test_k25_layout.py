@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pipeline.models import int4
+from pipeline.factory import int4
 from pipeline.models.hf_text import load_text_model
-from pipeline.models.k25 import REMOTE_CONFIG
+from pipeline.factory.k25 import REMOTE_CONFIG
 
 pytestmark = [pytest.mark.integration]
 WRAPPED = ["tiny-k25-int4", "tiny-k25-bf16"]

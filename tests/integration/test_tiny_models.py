@@ -12,11 +12,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pipeline.models import int4
-from pipeline.models.tiny import (
+from pipeline.factory import int4
+from pipeline.factory.tiny import (
     MARKER,
     RECIPES,
-    default_root,
     ensure_model,
     is_complete,
     main,
@@ -301,7 +300,7 @@ def test_killed_build_leaves_nothing_that_looks_complete(tmp_path):
 
 
 def test_concurrent_builds_of_one_model_build_it_once(tmp_path):
-    command = [sys.executable, "-m", "pipeline.models.tiny", "--root", str(tmp_path), "tiny-llama"]
+    command = [sys.executable, "-m", "pipeline.factory", "--root", str(tmp_path), "tiny-llama"]
     procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
@@ -325,8 +324,8 @@ def test_cli_prints_one_line_per_model_and_is_cached_the_second_time(tmp_path, c
     assert second.split("\t") == ["tiny-llama", str(tmp_path / "tiny-llama"), "cached"]
 
 
-def test_default_root(monkeypatch, tmp_path):
+def test_models_root(monkeypatch, tmp_path):
     monkeypatch.setenv("PIPELINE_MODELS_DIR", str(tmp_path))
-    assert default_root() == tmp_path
+    assert models_root() == tmp_path
     monkeypatch.delenv("PIPELINE_MODELS_DIR")
-    assert default_root() == Path(__file__).resolve().parents[2] / ".cache" / "models"
+    assert models_root() == Path(__file__).resolve().parents[2] / ".cache" / "models"

@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 
 from pipeline.data.prepare import prepare
 from pipeline.data.sources import check_readable
-from pipeline.models.tokenizer import bundled_conversations_path
+from pipeline.factory.tokenizer import bundled_conversations_path
 
 pytestmark = pytest.mark.reliability
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ import pytest
 import zstandard
 
 from pipeline.core.io import sha256_file
-from pipeline.models.tokenizer import bundled_conversations_path
+from pipeline.factory.tokenizer import bundled_conversations_path
 from pipeline.provenance import digest
 from pipeline.verify import main as verify_main
 

@@ -7,7 +7,7 @@ import pytest
 from tiktoken.load import load_tiktoken_bpe
 from transformers import AutoTokenizer
 
-from pipeline.models.kimi_tokenizer import NUM_RANKS, SPECIAL_OFFSETS, VOCAB_SIZE, write_kimi_tokenizer
+from pipeline.factory.kimi_tokenizer import NUM_RANKS, SPECIAL_OFFSETS, VOCAB_SIZE, write_kimi_tokenizer
 
 # Kimi-K2/K2.5's published special ids, minus 163584 (the first id after the BPE ranks).
 KIMI_OFFSETS = {"[BOS]": 0, "[EOS]": 1, "<|im_end|>": 2, "<|im_user|>": 3, "<|im_assistant|>": 4,

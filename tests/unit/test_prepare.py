@@ -16,7 +16,7 @@ from pipeline.core.contracts import Reject
 from pipeline.data.mask import ChatTokenizer, mask_from_markers, mask_incremental
 from pipeline.data.prepare import PreparedData, prepare, write_rejects
 from pipeline.data.sources import Parsed, RecordError, check_readable
-from pipeline.models.tokenizer import build_tokenizer, bundled_conversations_path
+from pipeline.factory.tokenizer import build_tokenizer, bundled_conversations_path
 
 CHAT = [
     {"role": "system", "content": "You answer in one line."},

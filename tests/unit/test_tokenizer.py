@@ -12,7 +12,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from pipeline.data.prepare import prepare
-from pipeline.models.tokenizer import (
+from pipeline.factory.tokenizer import (
     DEFAULT_SYSTEM_PROMPT,
     MAX_VOCAB_SIZE,
     SPECIAL_TOKENS,
@@ -106,7 +106,7 @@ def test_generation_mask_is_assistant_content_plus_im_end(tok):
 def test_rebuild_is_byte_identical(tok_dir, tmp_path):
     """Same files, same bytes, also from a fresh process with another hash seed."""
     script = (
-        "import sys; from pathlib import Path; from pipeline.models.tokenizer import build_tokenizer; "
+        "import sys; from pathlib import Path; from pipeline.factory.tokenizer import build_tokenizer; "
         "build_tokenizer(Path(sys.argv[1]))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from pipeline.models.tokenizer import _training_texts, bundled_conversations_path
+from pipeline.factory.tokenizer import _training_texts, bundled_conversations_path
 
 NUM_RANKS = 3840  # BPE ranks, ids 0..3839: 256 bytes + 3584 merges
 NUM_SPECIAL = 256  # Kimi reserves 256 ids after the ranks
@@ -62,7 +62,7 @@ def special_tokens() -> dict[int, str]:
 
 
 def _package_file(name: str) -> Path:
-    return Path(str(resources.files("pipeline.models").joinpath(name)))
+    return Path(str(resources.files("pipeline.factory").joinpath(name)))
 
 
 def train_ranks(corpus: Path) -> dict[bytes, int]:
@@ -86,7 +86,7 @@ def train_ranks(corpus: Path) -> dict[bytes, int]:
 
 def _byte_level_symbols() -> list[str]:
     # The tokenizers ByteLevel alphabet is GPT-2's byte table, the same one the remote module names its tokens with.
-    from pipeline.models.tokenization_kimi import _byte_symbols
+    from pipeline.factory.tokenization_kimi import _byte_symbols
 
     return _byte_symbols()
 

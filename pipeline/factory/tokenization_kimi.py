@@ -1,6 +1,6 @@
 """A slow transformers tokenizer over a tiktoken BPE file, in the shape of Kimi's remote-code tokenizer.
 
-Written by this project (not Moonshot's file): `pipeline.models.kimi_tokenizer` copies it into a model directory as
+Written by this project (not Moonshot's file): `pipeline.factory.kimi_tokenizer` copies it into a model directory as
 `tokenization_kimi.py`, where `tokenizer_config.json`'s `auto_map` points to it, so that loading the tiny Kimi
 checkpoints needs `trust_remote_code` exactly as the real one does (the pipeline imports it only for its byte table).
 

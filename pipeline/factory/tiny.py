@@ -1,28 +1,28 @@
-"""Tiny local target models, built once and cached: `python -m pipeline.models.tiny [--root DIR] [--force] [NAME ...]`.
+"""Tiny local target models, built once and cached: `python -m pipeline.factory [--root DIR] [--force] [NAME ...]`.
 
-A model directory is complete only when its marker (`.built.json`, written last) names the current builder digest.
-Anything else is rebuilt from scratch in a temporary directory beside it and renamed into place, so a crash never
-leaves a half-built model that looks complete.
+A model directory is complete only when its marker (`.built.json`, written last) names the current builder digest
+and its files have the sizes it lists (`LAYOUT`). Anything else is rebuilt from scratch in a temporary directory beside
+it and renamed into place, so a crash never leaves a half-built model that looks complete; one build per name at a
+time (a claim on `.<name>.lock` in the cache directory: the setup script and parallel tests build it once).
 """
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
-import os
 import shutil
-import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
-from pipeline.models.build import Recipe, build_model_dir
+from pipeline.core.claim import DirClaim
+from pipeline.core.outdir import Layout, file_records, files_intact, read_marker, write_marker
+from pipeline.factory.build import Recipe, build_model_dir
+from pipeline.models.built import MARKER, models_root
 
-MARKER = ".built.json"
+LAYOUT = Layout(kind="tiny model", done=MARKER)  # the marker lists the files the recipe wrote
 BUILDER_VERSION = 1  # bump when the output changes in a way the digested sources below do not show
 
 # Kimi-K2.5's text model (its rope, 61 layers, Kimi's tokenizer), alone or in K2.5's multimodal wrapper.
@@ -82,13 +82,6 @@ _DIGESTED_MODULES = ("tiny.py", "build.py", "int4.py", "tokenizer.py", "k25.py",
 _DIGESTED_LIBS = ("torch", "transformers", "compressed-tensors", "safetensors", "tokenizers", "numpy")
 
 
-def default_root() -> Path:
-    env = os.environ.get("PIPELINE_MODELS_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / ".cache" / "models"
-
-
 def _recipe(name: str) -> Recipe:
     if name not in RECIPES:
         raise ValueError(f"unknown tiny model name={name!r}; known: {sorted(RECIPES)}")
@@ -108,47 +101,23 @@ def builder_digest(name: str) -> str:
     return h.hexdigest()
 
 
-def _file_digests(model_dir: Path) -> dict[str, dict[str, int | str]]:
-    files = sorted(p for p in model_dir.rglob("*") if p.is_file() and p.name != MARKER)
-    return {
-        str(p.relative_to(model_dir)): {
-            "bytes": p.stat().st_size,
-            "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
-        }
-        for p in files
-    }
-
-
 def _write_marker(model_dir: Path, name: str) -> None:
-    marker = {"name": name, "builder_digest": builder_digest(name), "files": _file_digests(model_dir)}
-    (model_dir / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+    files = sorted(p for p in model_dir.rglob("*") if p.is_file() and p.name != LAYOUT.done)
+    write_marker(model_dir / LAYOUT.done, {"name": name, "builder_digest": builder_digest(name),
+                                      "files": file_records(model_dir, files)})
 
 
 def is_complete(model_dir: Path, name: str) -> bool:
     """Marker present, for this name and builder digest, and every listed file present with its recorded size."""
-    try:
-        marker = json.loads((model_dir / MARKER).read_text())
-    except (OSError, json.JSONDecodeError):
+    marker = read_marker(model_dir / LAYOUT.done)
+    if marker is None or marker.get("name") != name or marker.get("builder_digest") != builder_digest(name):
         return False
-    if marker.get("name") != name or marker.get("builder_digest") != builder_digest(name):
-        return False
-    files = marker.get("files") or {}
-    return bool(files) and all(
-        (model_dir / rel).is_file() and (model_dir / rel).stat().st_size == meta.get("bytes")
-        for rel, meta in files.items()
-    )
+    return bool(marker.get("files")) and files_intact(model_dir, marker["files"])
 
 
-@contextmanager
-def _build_lock(root: Path, name: str) -> Iterator[None]:
-    # Two processes (setup script, parallel tests) asking for the same model build it once.
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+def _build_lock(root: Path, name: str) -> DirClaim:
+    return DirClaim(root, lock_file=f".{name}.lock", wait=True,
+                    waiting=lambda holder: f"tiny model {name} is being built by {holder}; waiting for it")
 
 
 def _build_fresh(root: Path, name: str) -> Path:
@@ -170,14 +139,14 @@ def _build_fresh(root: Path, name: str) -> Path:
 
 
 def ensure_model(name: str, root: Path | None = None, *, force: bool = False) -> Path:
-    """The directory of tiny model `name` under root (default: default_root()), built first if not complete."""
+    """The directory of tiny model `name` under root (default: models_root()), built first if not complete."""
     return _ensure(name, root, force)[0]
 
 
 def _ensure(name: str, root: Path | None, force: bool) -> tuple[Path, bool]:
     """(path, whether this call built it)."""
     _recipe(name)
-    root = Path(root) if root is not None else default_root()
+    root = Path(root) if root is not None else models_root()
     final = root / name
     if not force and is_complete(final, name):
         return final, False
@@ -187,8 +156,18 @@ def _ensure(name: str, root: Path | None, force: bool) -> tuple[Path, bool]:
         return _build_fresh(root, name), True
 
 
+def materialise(build: str | None, path: str | None) -> Path | None:
+    """The job's build step: the tiny model a config names (`model.build`, at `model.path` when given), built when
+    missing or stale; None for any other checkpoint. ValueError names what is wrong."""
+    if not build:
+        return None
+    if path and Path(path).name != build:
+        raise ValueError(f"model.path={path!r}: a built model lives in a directory named after its recipe {build!r}")
+    return ensure_model(build, Path(path).parent if path else None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.models.tiny", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pipeline.factory", description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"models to build (default: all of {list(RECIPES)})")
     parser.add_argument(
         "--root", type=Path, default=None, help="cache directory (default: $PIPELINE_MODELS_DIR or .cache/models)"
@@ -198,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in args.names if n not in RECIPES]
     if unknown:
         parser.error(f"unknown model name(s) {unknown}; known: {list(RECIPES)}")
-    root = args.root if args.root is not None else default_root()
+    root = args.root if args.root is not None else models_root()
     for name in args.names or list(RECIPES):
         start = time.perf_counter()
         path, built = _ensure(name, root, args.force)
@@ -206,6 +185,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name}\t{path}\t{status}", flush=True)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

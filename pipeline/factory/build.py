@@ -2,7 +2,7 @@
 
 The Kimi-architecture recipes share one set of base weights (same seed, same tensor names), so the INT4 model, its
 bf16 twin and the default-rope variant differ only where they are meant to; the Kimi-K2.5 recipes (61 layers) wrap the
-same kind of text model in K2.5's multimodal layout (`pipeline.models.k25`), and their plain twin holds the very same
+same kind of text model in K2.5's multimodal layout (`pipeline.factory.k25`), and their plain twin holds the very same
 text weights.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.models import k25
+from pipeline.factory import k25
 
 SEED = 20260130
 VOCAB_SIZE = 4096
@@ -104,10 +104,10 @@ class Recipe:
     rope: str = "yarn"
     int4_experts: bool = False
     # kimi only: "causal_lm" (a plain DeepseekV3ForCausalLM checkpoint) or "kimi_k25" (Kimi-K2.5's multimodal
-    # wrapper around the same text model: pipeline.models.k25)
+    # wrapper around the same text model: pipeline.factory.k25)
     layout: str = "causal_lm"
-    # "bpe" (pipeline.models.tokenizer: a fast tokenizer, Kimi-K2's special tokens) or "kimi" (Kimi-K2.5's own
-    # shape: a remote-code tiktoken tokenizer, pipeline.models.kimi_tokenizer; loading it needs trust_remote_code)
+    # "bpe" (pipeline.factory.tokenizer: a fast tokenizer, Kimi-K2's special tokens) or "kimi" (Kimi-K2.5's own
+    # shape: a remote-code tiktoken tokenizer, pipeline.factory.kimi_tokenizer; loading it needs trust_remote_code)
     tokenizer: str = "bpe"
     # kimi only: fewer decoder layers than the rope's model (the K2.5 layout with 8 layers: the embedded default,
     # where 61 tiny random MoE layers are slow and chaotic in bf16)
@@ -141,11 +141,11 @@ class Recipe:
 def write_tokenizer(recipe: Recipe, out_dir: Path) -> None:
     """The one place the tiny models' tokenizer is written."""
     if recipe.tokenizer == "kimi":
-        from pipeline.models.kimi_tokenizer import write_kimi_tokenizer
+        from pipeline.factory.kimi_tokenizer import write_kimi_tokenizer
 
         write_kimi_tokenizer(out_dir)
     else:
-        from pipeline.models.tokenizer import build_tokenizer
+        from pipeline.factory.tokenizer import build_tokenizer
 
         build_tokenizer(out_dir)
 
@@ -281,7 +281,7 @@ def _init_tensor(name: str, shape: tuple[int, ...]):
 
 
 def _kimi_tensors(recipe: Recipe, tensors: dict) -> dict:
-    from pipeline.models.int4 import quantize_experts
+    from pipeline.factory.int4 import quantize_experts
 
     int4, twin = quantize_experts(tensors)
     return int4 if recipe.int4_experts else twin
@@ -304,7 +304,7 @@ def _patch_config_json(recipe: Recipe, path: Path) -> None:
     if recipe.family == "kimi":
         config["moe_layer_freq"] = KIMI_TINY["moe_layer_freq"]  # SGLang reads it; transformers may drop it
         if recipe.int4_experts:
-            from pipeline.models.int4 import quantization_config
+            from pipeline.factory.int4 import quantization_config
 
             config["quantization_config"] = quantization_config()
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,175 @@
+"""A directory a process fills for the user: what it owns, how it starts, resumes, marks units done and cleans up.
+
+A `Layout` names, once, every entry a kind of directory writes at its root (files, and folders with the patterns of
+what they hold), its lock file, its start record and the file written last that makes it complete. The kinds (a run,
+an export, a built model) declare theirs beside the code that writes them; this module knows none of them.
+
+Write protocol every kind follows (each file through `pipeline.core.io.atomic_path`, so its fault points apply):
+claim the directory (`pipeline.core.claim.DirClaim`), compare the start record with this process's (resume only the
+same work), remove stale temp files, write units each followed by its completion marker (`write_marker`; a unit is
+done when its marker reads back and the files it lists have their recorded sizes: `read_marker`, `files_intact`),
+and the completing file last.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from pipeline.core.faults import fault_point
+from pipeline.core.io import sha256_file, write_text_atomic
+
+TEMP_SUFFIX = ".tmp"
+
+
+def is_temp_of(name: str, final: str) -> bool:
+    """True for the temp file of an atomic write of `final` (pipeline.core.io.atomic_path: `.<final>.<random>.tmp`)."""
+    return name.startswith(f".{final}.") and name.endswith(TEMP_SUFFIX)
+
+
+def is_temp(name: str) -> bool:
+    """True for any atomic write's temp file."""
+    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """Every name a kind of directory owns at its root.
+
+    files: root files it writes; dirs: root folders -> regular expressions of the entry names they hold (empty: any);
+    lock: its lock file (None: the directory itself is locked, or it has no lock); start: the start record a resume
+    compares; done: the file written last (the directory is complete once it exists).
+    """
+
+    kind: str
+    files: tuple[str, ...] = ()
+    dirs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    lock: str | None = None
+    start: str | None = None
+    done: str | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        extra = tuple(n for n in (self.lock, self.start, self.done) if n is not None and n not in self.files)
+        return self.files + extra + tuple(self.dirs)
+
+    def owns(self, name: str) -> bool:
+        """A root name this kind writes, or the temp file of one."""
+        return name in self.names or any(is_temp_of(name, n) for n in self.names)
+
+    def holds(self, folder: str, name: str) -> bool:
+        """Whether `name` is an entry `folder` (one of `dirs`) may hold."""
+        patterns = self.dirs[folder]
+        return not patterns or any(re.fullmatch(p, name) for p in patterns)
+
+    def foreign(self, root: Path) -> list[str]:
+        """The root entries of `root` this kind does not write, sorted."""
+        return sorted(p.name for p in Path(root).iterdir() if not self.owns(p.name))
+
+    def is_done(self, root: Path) -> bool:
+        return self.done is not None and (Path(root) / self.done).is_file()
+
+    def stale_temps(self, root: Path) -> Iterator[Path]:
+        """Temp files killed writers left: those of the root names, and any inside the owned folders."""
+        root = Path(root)
+        for child in root.iterdir():
+            if child.is_file() and any(is_temp_of(child.name, n) for n in self.names):
+                yield child
+        for folder in self.dirs:
+            if (root / folder).is_dir():
+                yield from (p for p in (root / folder).rglob(f".*{TEMP_SUFFIX}") if p.is_file())
+
+    def remove_stale_temps(self, root: Path) -> None:
+        for stale in list(self.stale_temps(root)):
+            remove(stale)
+
+
+def remove_temps_of(finals: Iterable[Path]) -> None:
+    """The temp files of these files only (a unit's writer clears its own; other writers may be busy beside it)."""
+    for final in map(Path, finals):
+        for stale in final.parent.glob(f".{glob.escape(final.name)}.*{TEMP_SUFFIX}"):
+            stale.unlink(missing_ok=True)
+
+
+def remove(path: Path) -> None:
+    """Remove a file or a folder (not following a symlink), through the `remove` fault point."""
+    path = Path(path)
+    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+    fault_point("remove", path.name)
+
+
+def write_json(path: Path, record: Mapping[str, Any]) -> None:
+    """A start record, marker or completing file: sorted, indented JSON, written atomically."""
+    write_text_atomic(path, json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_record(path: Path) -> dict | None:
+    """The JSON object in `path`; None when there is none, or it is torn or not an object (a crash's leftover)."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def file_records(root: Path, paths: Iterable[Path]) -> dict[str, dict[str, Any]]:
+    """{path relative to root: {"sha256", "bytes"}} of finished files, as markers list them."""
+    root = Path(root)
+    return {Path(p).relative_to(root).as_posix(): {"sha256": sha256_file(p), "bytes": Path(p).stat().st_size}
+            for p in paths}
+
+
+def files_intact(root: Path, files: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Every listed file (relative to root) present with its recorded size: the cheap check a resume trusts."""
+    if not isinstance(files, Mapping):
+        return False
+    for rel, info in files.items():
+        path = Path(root) / rel
+        if not path.is_file() or not isinstance(info, Mapping) or path.stat().st_size != info.get("bytes"):
+            return False
+    return True
+
+
+def write_marker(path: Path, record: Mapping[str, Any]) -> None:
+    """Mark a unit done: written after the unit's files are in place, removed before they are rewritten."""
+    write_json(path, record)
+
+
+def clear_marker(path: Path) -> None:
+    """From here on the unit counts as unfinished."""
+    Path(path).unlink(missing_ok=True)
+    fault_point("unlink", Path(path).name)
+
+
+def read_marker(path: Path) -> dict | None:
+    """A unit's marker, or None when it is not done (no marker, or one torn by a crash)."""
+    return read_record(path)
+
+
+def changed(previous: Mapping[str, Any], record: Mapping[str, Any]) -> list[str]:
+    """The start record's keys that differ; a changed mapping names its settings (at most 4), e.g.
+    `config (runner.storage_dtype: 'float8_e4m3fn' then, None now)`."""
+    out = []
+    for key in sorted(set(previous) | set(record)):
+        then, now = previous.get(key), record.get(key)
+        if then == now:
+            continue
+        settings = _settings(then, now, "") if isinstance(then, dict) and isinstance(now, dict) else []
+        shown = "; ".join(f"{k}: {a!r} then, {b!r} now" for k, a, b in settings[:4])
+        out.append(f"{key} ({shown}{'; ...' if len(settings) > 4 else ''})" if shown else key)
+    return out
+
+
+def _settings(then: dict, now: dict, prefix: str) -> list[tuple[str, object, object]]:
+    diffs = []
+    for key in sorted(set(then) | set(now), key=str):
+        a, b = then.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += _settings(a, b, f"{prefix}{key}.")
+        elif a != b:
+            diffs.append((f"{prefix}{key}", a, b))
+    return diffs
