@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import argparse
 import base64
-import html
 import io
 import math
 import sys
 from pathlib import Path
 from typing import Sequence
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup
 
 from pipeline.compare.align import Alignment
 from pipeline.compare.analyze import DiffResult, PairResult
@@ -24,7 +26,11 @@ from pipeline.compare.tables import (
     storage_title,
 )
 from pipeline.core.io import write_text_atomic
+from pipeline.shards.layout import REPORT_HTML
 
+# The page's structure lives in templates/report.html.j2; the plots are drawn here and embedded as <img> tags.
+_TEMPLATE = Environment(loader=PackageLoader("pipeline.compare", "templates"), autoescape=True,
+                        undefined=StrictUndefined).get_template("report.html.j2")
 _DPI = 72
 _FLOOR = 1e-12  # the lowest a log axis goes; zeros are drawn at a floor below the smallest nonzero value
 _CSS = """
@@ -176,83 +182,56 @@ def fig_alignment(al: Alignment) -> str:
     return _png(fig)
 
 
-def _table(header: list[str], rows: list[list[str]], status_cols: Sequence[int] = ()) -> str:
-    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
-    for r in rows:
-        cells = []
-        for i, c in enumerate(r):
-            cls = f' class="{html.escape(c)}"' if i in status_cols else ""
-            cells.append(f"<td{cls}>{html.escape(str(c))}</td>")
-        out.append("<tr>" + "".join(cells) + "</tr>")
-    return "\n".join(out) + "</table>"
+def _table(header: Sequence[str], rows: list[list[str]], status_cols: Sequence[int] = ()) -> dict:
+    return {"header": list(header), "rows": [[str(c) for c in row] for row in rows], "status_cols": tuple(status_cols)}
 
 
-def _list(items: Sequence[str], cls: str) -> str:
-    return "<ul>" + "".join(f'<li class="{cls}">{html.escape(x)}</li>' for x in items) + "</ul>"
-
-
-def _pair_section(pair: PairResult, threshold: float | None, plots: bool) -> list[str]:
-    v = pair.verdict
-    out = [f'<h3>{html.escape(pair.name)}: <span class="{v.status}">{v.status}</span> ({v.dtype} tolerances)</h3>']
-    if v.headline:
-        out.append(f"<p>{html.escape(v.headline)}</p>")
+def _pair(pair: PairResult, threshold: float | None, plots: bool) -> dict:
+    figures = []
     if plots:
-        out.append(fig_points(pair, threshold))
+        figures.append(fig_points(pair, threshold))
         if pair.kind in ("reference", "pair") or pair.verdict.onset:
-            out.append(fig_positions(pair))
-    out.append(_table(POINT_HEADER, point_rows(pair), status_cols=(1,)))
-    if pair.logits:
-        lg = pair.logits
-        out.append(f"<p>Logits ({html.escape(lg.source_a)} / {html.escape(lg.source_b)}, checkpoint LM head, "
-                   f"float32): top-1 agreement <b>{lg.top1:.2%}</b>, KL mean <b>{lg.kl_mean:.2e}</b>, "
-                   f"p99 {lg.kl_p99:.2e}, max {lg.kl_max:.2e} over {lg.num_tokens} tokens.</p>")
-    return out
+            figures.append(fig_positions(pair))
+    v = pair.verdict
+    return {"name": pair.name, "status": v.status, "dtype": v.dtype, "headline": v.headline,
+            "figures": list(map(Markup, figures)), "table": _table(POINT_HEADER, point_rows(pair), status_cols=(1,)),
+            "logits": pair.logits}
 
 
-def to_html(result: DiffResult) -> str:
-    m, pr = result.model, result.probe
-    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>diff: {result.status}</title>"
-           f"<style>{_CSS}</style></head><body>",
-           f'<div class="banner {result.status}">Cross-framework diff: {result.status.upper()}</div>',
-           f"<p>Reference <b>{html.escape(result.reference)}</b>; model <code>{html.escape(str(m.get('path')))}</code>"
-           f" ({html.escape(str(m.get('model_type')))}, {m.get('num_layers')} layers, MoE layers "
-           f"{html.escape(str(m.get('moe_layers') or 'none'))}); probe {pr.get('num_samples')} samples, "
-           f"{pr.get('num_tokens')} tokens.</p>"]
-    if result.failures:
-        out += ["<h2>Failures</h2>", _list(result.failures, "fail")]
-    if result.warnings:
-        out += ["<h2>Warnings</h2>", _list(result.warnings, "warn")]
-    out += ["<h2>Engines</h2>", _table(ENGINE_HEADER, engine_rows(result))]
-    if result.storage:
-        out += [f"<h2>{html.escape(storage_title(result))}</h2>", _table(STORAGE_HEADER, storage_rows(result))]
-    ref_pairs = [p for p in result.pairs if p.kind == "reference"]
-    if ref_pairs:
-        out += ["<h2>Overview</h2>", fig_overview(ref_pairs)]
-    for al in result.alignments:
-        out += [f'<h2>Alignment: {html.escape(al.engine)} <span class="{al.status}">{al.status}</span></h2>',
-                fig_alignment(al),
-                _table(["claimed", "matched", "distance", "to claimed", "runner-up", "votes", "status"],
-                       [[x.claimed, x.matched, f"{x.distance:.2e}", "-" if x.claimed_distance is None else
-                         f"{x.claimed_distance:.2e}", f"{x.runner_up} {x.runner_up_distance or 0:.2e}",
-                         f"{x.votes:.0%}", x.status] for x in al.matches], status_cols=(6,))]
-        if al.problems:
-            out.append(_list(al.problems, "fail" if al.status == "fail" else "warn"))
-        if al.notes:
-            out.append(_list(al.notes, "note"))
-    if result.anchors:
-        out += ["<h2>Checkpoint anchors</h2>",
-                _table(["engine", "check", "rel L2", "status", "detail"],
-                       [[a.engine, a.check, f"{a.rel_l2:.2e}", a.status, a.detail] for a in result.anchors],
-                       status_cols=(3,))]
+def _alignment(al: Alignment) -> dict:
+    rows = [[x.claimed, x.matched, f"{x.distance:.2e}", "-" if x.claimed_distance is None else
+             f"{x.claimed_distance:.2e}", f"{x.runner_up} {x.runner_up_distance or 0:.2e}", f"{x.votes:.0%}",
+             x.status] for x in al.matches]
+    return {"engine": al.engine, "status": al.status, "figure": Markup(fig_alignment(al)),
+            "table": _table(["claimed", "matched", "distance", "to claimed", "runner-up", "votes", "status"], rows,
+                            status_cols=(6,)),
+            "problems": al.problems, "problem_class": "fail" if al.status == "fail" else "warn", "notes": al.notes}
+
+
+def _sections(result: DiffResult) -> list[dict]:
+    sections = []
     for kind, title in KIND_TITLE.items():
         pairs = [p for p in result.pairs if p.kind == kind]
         if pairs:
-            out.append(f"<h2>Comparisons {html.escape(title)}</h2>")
-        for p in pairs:
-            t = result.thresholds.get(p.verdict.dtype, {}).get("rel_l2")
-            out += _pair_section(p, t, plots=kind in ("reference", "pair") or p.verdict.status != "pass")
-    out.append("</body></html>")
-    return "\n".join(out)
+            plots = kind in ("reference", "pair")
+            sections.append({"title": title, "pairs": [
+                _pair(p, result.thresholds.get(p.verdict.dtype, {}).get("rel_l2"),
+                      plots=plots or p.verdict.status != "pass") for p in pairs]})
+    return sections
+
+
+def to_html(result: DiffResult) -> str:
+    storage = None
+    if result.storage:
+        storage = {"title": storage_title(result), **_table(STORAGE_HEADER, storage_rows(result))}
+    ref_pairs = [p for p in result.pairs if p.kind == "reference"]
+    anchors = [[a.engine, a.check, f"{a.rel_l2:.2e}", a.status, a.detail] for a in result.anchors]
+    return _TEMPLATE.render(
+        r=result, css=_CSS, engines=_table(ENGINE_HEADER, engine_rows(result)), storage=storage,
+        overview=Markup(fig_overview(ref_pairs)) if ref_pairs else None,
+        alignments=[_alignment(al) for al in result.alignments],
+        anchors=_table(["engine", "check", "rel L2", "status", "detail"], anchors, status_cols=(3,)) if anchors else None,
+        sections=_sections(result))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -271,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def write_html(result: DiffResult, out_dir: Path) -> Path:
     """report.html in out_dir, drawn from `result`."""
-    path = Path(out_dir) / "report.html"
+    path = Path(out_dir) / REPORT_HTML
     write_text_atomic(path, to_html(result))
     return path
 

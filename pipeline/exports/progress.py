@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import logging
-import sys
 import time
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from pipeline.core.bar import live_bar
 
 log = logging.getLogger("pipeline.exports")
 
@@ -20,10 +18,7 @@ class ExportProgress:
         self.written = self.skipped = self.bytes = self.tokens_done = 0
         self._tokens_written = 0
         self._started = time.perf_counter()
-        self._bar = Progress(
-            TextColumn(f"[bold]export {name}"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
-            TextColumn("{task.fields[mb_s]:>7.1f} MB/s"), TimeElapsedColumn(), TextColumn("ETA"),
-            TimeRemainingColumn(), console=Console(file=sys.stderr), disable=not sys.stderr.isatty())
+        self._bar = live_bar(f"export {name}", "{task.fields[mb_s]:>7.1f} MB/s")
         self._task = self._bar.add_task(name, total=num_samples, mb_s=0.0)
 
     def __enter__(self) -> "ExportProgress":

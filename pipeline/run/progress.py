@@ -2,20 +2,10 @@
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from typing import Sequence
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-
+from pipeline.core.bar import live_bar
 from pipeline.core.contracts import PreparedSample
 from pipeline.run.capture import UnitResult
 
@@ -33,11 +23,7 @@ class RunProgress:
         self._captured = 0
         self._captured_samples = 0
         self._started = time.perf_counter()
-        self._bar = Progress(
-            TextColumn("[bold]capture"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
-            TextColumn("{task.fields[samples_s]:>6.1f} samples/s"), TextColumn("{task.fields[tok_s]:>8.0f} tok/s"),
-            TimeElapsedColumn(), TextColumn("ETA"),
-            TimeRemainingColumn(), console=Console(file=sys.stderr), disable=not sys.stderr.isatty())
+        self._bar = live_bar("capture", "{task.fields[samples_s]:>6.1f} samples/s", "{task.fields[tok_s]:>8.0f} tok/s")
         self._task = self._bar.add_task("capture", total=sum(len(u) for u in units), tok_s=0.0,
                                         samples_s=0.0)
 
