@@ -3,8 +3,8 @@
 The same class checks the options twice: in the driver when the config is resolved (`pipeline.run.resolve`, the
 diff's entries in `pipeline.compare.engines`), so that a misspelled or wrongly typed option is a configuration error
 before any engine starts; and in the adapter, which reads its typed fields. So these modules import only the standard
-library: the driver reads them without importing an engine, and the workers' virtualenvs (vLLM's, SGLang's) have
-neither Hydra nor the pipeline's dependencies beyond torch.
+library: the driver reads them without importing an engine (or torch), and the engines' own virtualenvs (vLLM's,
+SGLang's), where the adapters read them, have no Hydra or OmegaConf.
 
 A field's `doc` metadata (`option(default, doc)`) is its documentation; conf/engine/*.yaml points here.
 """
