@@ -29,7 +29,7 @@ class ResolvedRun:
 
 def _check_engines(cfg: ExtractConfig) -> None:
     """The primary and the gate's engines (also with diff.gate=off: a misspelled option is not left for the day the
-    gate is turned on); no engine is imported, nothing starts."""
+    gate is turned on); nothing starts, and no built-in engine's adapter is imported."""
     try:
         check_name(cfg.engine.name)
         check_options(cfg.engine, "engine")
