@@ -11,7 +11,9 @@ from typing import Any, Sequence
 from pipeline.compare.probe import ProbeRun
 from pipeline.config import ConfigError
 from pipeline.config.entries import EngineEntry, SpecError, parse_entries, parse_entry, to_spec, unique
-from pipeline.engines.registry import check_name
+from pipeline.core.contracts import EngineSpec
+from pipeline.engines.options import OptionsError
+from pipeline.engines.registry import check_name, check_options
 from pipeline.models.info import ModelInfo, read_model_info
 from pipeline.points import Point
 
@@ -30,9 +32,8 @@ def _model_path(entry: EngineEntry, model: ModelInfo, where: str) -> str:
     return str(Path(entry.model_path))
 
 
-def probe_run(entry: EngineEntry, *, role: str, model: ModelInfo, points: Sequence[Point], where: str,
-              trust_remote_code: bool = False) -> ProbeRun:
-    """The entry as one engine to probe; config errors name `where`."""
+def entry_spec(entry: EngineEntry, where: str) -> EngineSpec:
+    """The entry laid over its preset, with its engine name and options checked; config errors name `where`."""
     try:
         check_name(entry.name)
     except ValueError as e:
@@ -41,6 +42,17 @@ def probe_run(entry: EngineEntry, *, role: str, model: ModelInfo, points: Sequen
         spec = to_spec(entry)
     except ValueError as e:
         raise ConfigError(f"{where} ({entry.display}): {e}") from e
+    try:
+        check_options(spec, where)
+    except OptionsError as e:
+        raise ConfigError(str(e)) from e
+    return spec
+
+
+def probe_run(entry: EngineEntry, *, role: str, model: ModelInfo, points: Sequence[Point], where: str,
+              trust_remote_code: bool = False) -> ProbeRun:
+    """The entry as one engine to probe; config errors name `where`."""
+    spec = entry_spec(entry, where)
     return ProbeRun(label=entry.display, role=role, spec=spec, model_path=_model_path(entry, model, where),
                     points=list(points), trust_remote_code=trust_remote_code)
 
@@ -61,13 +73,23 @@ def other_entries(values: Any, where: str, reference: EngineEntry) -> list[Engin
     return entries[1:]
 
 
+def _entries(reference: Any, others: Any, where: str) -> list[tuple[str, str, EngineEntry]]:
+    """(role, config path, entry): the reference first, then every other entry."""
+    ref = reference_entry(reference)
+    return [("reference", "diff.reference", ref)] + [
+        ("engine", f"{where}[{i}]", entry) for i, entry in enumerate(other_entries(others, where, ref))]
+
+
+def check_entries(reference: Any, others: Any, where: str) -> None:
+    """The config errors `comparison` finds in the entries themselves (engine names, values, options), found without
+    the model: for the checks that run before the model is read."""
+    for _, at, entry in _entries(reference, others, where):
+        entry_spec(entry, at)
+
+
 def comparison(reference: Any, others: Any, where: str, *, model: ModelInfo, all_points: Sequence[Point],
                points: Sequence[Point], trust_remote_code: bool = False) -> list[ProbeRun]:
     """The reference (capturing `all_points`) first, then every other entry (capturing `points`)."""
-    ref = reference_entry(reference)
-    runs = [probe_run(ref, role="reference", model=model, points=all_points, where="diff.reference",
-                      trust_remote_code=trust_remote_code)]
-    for i, entry in enumerate(other_entries(others, where, ref)):
-        runs.append(probe_run(entry, role="engine", model=model, points=points, where=f"{where}[{i}]",
-                              trust_remote_code=trust_remote_code))
-    return runs
+    return [probe_run(entry, role=role, model=model, points=all_points if role == "reference" else points, where=at,
+                      trust_remote_code=trust_remote_code)
+            for role, at, entry in _entries(reference, others, where)]

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from pipeline.compare.analyze import DiffResult, all_points
 from pipeline.compare.core import compare, report_config
-from pipeline.compare.engines import comparison
+from pipeline.compare.engines import check_entries, comparison
 from pipeline.compare.probe import probe_engine, probe_samples
 from pipeline.compare.report import write_report
 from pipeline.config import ConfigError, ExtractConfig, ProbeConfig, to_config
@@ -60,6 +60,7 @@ def run_diff(dcfg: DictConfig) -> DiffOutcome:
     out_dir = Path(cfg.out_dir)
     if (why := run_conflict(out_dir, itself=True)) is not None:
         raise ConfigError(f"out_dir={cfg.out_dir!r} {why} (a run's own gate report is in its diff/)")
+    check_entries(cfg.diff.reference, cfg.diff.engines, "diff.engines")  # before the model is read (or built)
     check_data_path(cfg)
     model = resolve_model(cfg)
     runs = comparison(cfg.diff.reference, cfg.diff.engines, "diff.engines", model=model,

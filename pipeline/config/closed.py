@@ -3,7 +3,8 @@
 Hydra's `+key=value` (and `++`) adds a key through OmegaConf's open_dict, which lifts struct mode for that one merge,
 so a misspelled `+runner.max_samples_per_shrad=8` composes, is set as a stray attribute by `OmegaConf.to_object`, and
 is otherwise ignored. Free-form nodes (a `dict` or `Any` field such as `engine.options` or a `diff.engines` entry)
-stay open; only the nodes typed by a schema dataclass are checked, at any depth.
+stay open here; only the nodes typed by a schema dataclass are checked, at any depth. Engine options are checked by
+the engine's own options class (`pipeline.engines.options`) when the run is resolved.
 
 A misspelled plain override (`runer.overlap_writes=true`) never reaches the composed config: Hydra refuses it while
 composing, exit status 1, and advises `+` (which the closed schema refuses in turn). `unknown_override_keys` names it

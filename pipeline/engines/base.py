@@ -10,6 +10,7 @@ import abc
 from typing import ClassVar, Sequence
 
 from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, PreparedSample
+from pipeline.engines.options import EngineOptions
 from pipeline.points import Point
 
 
@@ -31,6 +32,9 @@ class Engine(abc.ABC):
     # The virtualenv (relative to the repository root) this adapter must run in, or None for the pipeline's own.
     # vLLM and SGLang pin their own torch builds; `make_engine` runs such adapters in a worker process there.
     environment: ClassVar[str | None] = None
+    # The engine's options (`pipeline.engines.options`); the registry names the same class for the driver's check.
+    # None: this object does not read them (RemoteEngine: the adapter in its worker parses them).
+    options_type: ClassVar[type[EngineOptions] | None] = EngineOptions
 
     def __init__(self, spec: EngineSpec, *, model_path: str, points: Sequence[Point], num_layers: int,
                  trust_remote_code: bool = False) -> None:
@@ -40,6 +44,7 @@ class Engine(abc.ABC):
         self.trust_remote_code = bool(trust_remote_code)
         self.dtype = str(spec.dtype)
         self.options = dict(spec.options)
+        self.opts = self.options_type.parse(self.options, engine=spec.name) if self.options_type else None
         self.points = list(points)
         self.num_layers = num_layers
 

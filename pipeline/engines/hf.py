@@ -13,6 +13,7 @@ import torch
 
 from pipeline.core.contracts import Capture, EngineInfo, PointSource, PreparedSample
 from pipeline.engines.base import Engine
+from pipeline.engines.hf_options import HFOptions
 from pipeline.models.hf_text import load_text_model
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -20,6 +21,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 class HFEngine(Engine):
     name = "hf"
+    options_type = HFOptions
+    opts: HFOptions
 
     def start(self) -> None:
         import transformers
@@ -28,7 +31,7 @@ class HFEngine(Engine):
         # A multimodal wrapper (Kimi-K2.5) loads as the text model inside it: pipeline.models.hf_text.
         self.model, self._layout = load_text_model(
             self.model_path, trust_remote_code=self.trust_remote_code, dtype=dtype,
-            attn_implementation=self.options.get("attn_implementation", "sdpa"))
+            attn_implementation=self.opts.attn_implementation)
         self.model.eval()
         self._loaded_dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in self.model.parameters()})
         if dtype != "auto":

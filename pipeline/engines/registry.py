@@ -3,6 +3,11 @@
 name -> "module:Class"; adapters are imported only when used, so a missing optional dependency fails at engine start
 with its install command, not at import of the pipeline. `register` adds one (a plugin, or a test's engine) and refuses
 to rebind a name.
+
+Each built-in engine's options class (`pipeline.engines.options`) is named beside its adapter, in a module that imports
+only the standard library: `check_options` refuses a misspelled or mistyped option when the config is resolved,
+without importing the adapter. The adapter declares the same class (`Engine.options_type`) and parses the options
+again where it runs; a registered engine's options are its adapter's `options_type`.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from typing import Sequence
 
 from pipeline.core.contracts import EngineSpec
 from pipeline.engines.base import Engine
+from pipeline.engines.options import EngineOptions
 from pipeline.engines.process.remote import RemoteEngine
 from pipeline.points import Point
 
@@ -20,6 +26,11 @@ _REGISTRY: dict[str, str] = {
     "hf": "pipeline.engines.hf:HFEngine",
     "vllm": "pipeline.engines.vllm.adapter:VLLMEngine",
     "sglang": "pipeline.engines.sglang.adapter:SGLangEngine",
+}
+_OPTIONS: dict[str, str] = {
+    "hf": "pipeline.engines.hf_options:HFOptions",
+    "vllm": "pipeline.engines.vllm.options:VLLMOptions",
+    "sglang": "pipeline.engines.sglang.options:SGLangOptions",
 }
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,10 +54,28 @@ def check_name(name: str) -> None:
         raise ValueError(f"engine={name!r} is unknown; known engines: {', '.join(engine_names())}")
 
 
+def _load(target: str) -> type:
+    module_name, cls_name = target.split(":")
+    return getattr(importlib.import_module(module_name), cls_name)
+
+
 def engine_class(name: str) -> type[Engine]:
     check_name(name)
-    module_name, cls_name = _REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module_name), cls_name)
+    return _load(_REGISTRY[name])
+
+
+def options_class(name: str) -> type[EngineOptions]:
+    """The engine's options class; a built-in engine's is read without importing its adapter."""
+    check_name(name)
+    if name in _OPTIONS:
+        return _load(_OPTIONS[name])
+    return engine_class(name).options_type or EngineOptions
+
+
+def check_options(spec: EngineSpec, where: str) -> None:
+    """OptionsError (a ValueError) naming `<where>.options.<key>` for an option the engine does not take, with the
+    closest valid one, or for a value it cannot take; ValueError for an unknown engine."""
+    options_class(spec.name).parse(spec.options, f"{where}.options", engine=spec.name)
 
 
 def engine_python(cls: type[Engine], options: dict) -> str | None:

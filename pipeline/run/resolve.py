@@ -8,9 +8,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.compare.engines import check_entries
 from pipeline.config import ConfigError, ExtractConfig
 from pipeline.config.checks import check_data_path, resolve_model
-from pipeline.engines.registry import check_name
+from pipeline.engines.registry import check_name, check_options
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point, PointError, resolve
 from pipeline.shards.layout import run_conflict
@@ -26,11 +27,15 @@ class ResolvedRun:
     out_dir: Path
 
 
-def _check_engine(cfg: ExtractConfig) -> None:
+def _check_engines(cfg: ExtractConfig) -> None:
+    """The primary and the gate's engines (also with diff.gate=off: a misspelled option is not left for the day the
+    gate is turned on); nothing starts, and no built-in engine's adapter is imported."""
     try:
         check_name(cfg.engine.name)
-    except ValueError as e:
+        check_options(cfg.engine, "engine")
+    except ValueError as e:  # OptionsError included
         raise ConfigError(str(e)) from e
+    check_entries(cfg.diff.reference, cfg.diff.gate_engines, "diff.gate_engines")
 
 
 def _check_out_dir(cfg: ExtractConfig) -> Path:
@@ -53,7 +58,7 @@ def _check_out_dir(cfg: ExtractConfig) -> Path:
 
 
 def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
-    _check_engine(cfg)
+    _check_engines(cfg)
     out_dir = _check_out_dir(cfg)
     check_data_path(cfg)
     model = resolve_model(cfg)

@@ -12,12 +12,15 @@ run in this process, or in a worker started from the repository root (where `tes
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
 
 from pipeline.core.contracts import Capture, EngineInfo, PreparedSample
 from pipeline.engines.hf import HFEngine
+from pipeline.engines.hf_options import HFOptions
+from pipeline.engines.options import option
 from pipeline.engines.registry import register, unregister
 from pipeline.points import parse_point
 
@@ -36,13 +39,24 @@ def registered() -> Iterator[None]:
             unregister(name)
 
 
+@dataclass(frozen=True, kw_only=True)
+class RemapOptions(HFOptions):
+    remap: dict[str, str] | None = option(None, "{claimed point: captured point or 'zeros'}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PositionShiftOptions(HFOptions):
+    position_shift: int = option(1, "positions after the first are shifted by this x the batch size")
+
+
 class RemapHF(HFEngine):
     name = "hf-remap"
+    options_type = RemapOptions
 
     def __init__(self, spec, **kwargs) -> None:
         super().__init__(spec, **kwargs)
         self.claimed = list(self.points)
-        remap = {str(k): str(v) for k, v in (self.options.get("remap") or {}).items()}
+        remap = dict(self.opts.remap or {})
         self.zeroed = {i for i, p in enumerate(self.claimed) if remap.get(p.label) == "zeros"}
         self.points = [p if remap.get(p.label) in (None, "zeros") else parse_point(remap[p.label],
                                                                                   num_layers=self.num_layers)
@@ -64,10 +78,11 @@ class RemapHF(HFEngine):
 
 class PositionBugHF(HFEngine):
     name = "hf-positions"
+    options_type = PositionShiftOptions
 
     def _position_ids(self, mask: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(mask.shape[1])[None].expand_as(mask)
-        return positions + (positions > 0) * int(self.options.get("position_shift", 1)) * mask.shape[0]
+        return positions + (positions > 0) * self.opts.position_shift * mask.shape[0]
 
 
 __all__ = ["RemapHF", "PositionBugHF", "registered"]

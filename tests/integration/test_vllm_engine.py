@@ -152,9 +152,11 @@ class TestTinyLlamaFloat32:
                                                                                              b.input_ids_T)
 
 
-def test_an_unknown_option_is_refused(tiny_model):
+def test_an_unknown_option_is_refused_by_the_worker_too(tiny_model):
+    """Made directly (no config resolved before it), the engine's worker refuses it with the same options class."""
     eng = engine("vllm", tiny_model("tiny-llama"), "float32", disable_custom_rotery=True)
-    with pytest.raises(EngineWorkerError, match=r"unknown key\(s\) \['disable_custom_rotery'\]"):
+    with pytest.raises(EngineWorkerError, match=r"unknown option engine\.options\.disable_custom_rotery for "
+                                                r"engine=vllm \(did you mean engine\.options\.disable_custom_rotary"):
         eng.start()
     eng.close()
 

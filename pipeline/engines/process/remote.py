@@ -46,6 +46,8 @@ class EngineWorkerError(RuntimeError):
 class RemoteEngine(Engine):
     """The adapter `target` ("module:Class") running in `python`'s environment; it is called by its spec's name."""
 
+    options_type = None  # the adapter parses them in its worker
+
     def __init__(self, spec: EngineSpec, *, target: str, python: str, model_path: str, points: Sequence[Point],
                  num_layers: int, trust_remote_code: bool = False) -> None:
         super().__init__(spec, model_path=model_path, points=points, num_layers=num_layers,

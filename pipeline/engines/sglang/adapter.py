@@ -35,6 +35,7 @@ import torch
 from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, PreparedSample
 from pipeline.engines.base import Engine
 from pipeline.engines.sglang import cpu as sglang_cpu
+from pipeline.engines.sglang.options import SGLangOptions
 from pipeline.engines.sglang.plan import AUX, TABLE, CapturePlan, make_plan
 from pipeline.engines.sglang.runner import ModelRunnerSession, RunnerSettings, set_platform_env
 from pipeline.engines.sglang.table import load_embedding_table, lookup
@@ -42,27 +43,12 @@ from pipeline.engines.sglang.tp import Followers
 from pipeline.models.info import read_model_info
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_OPTIONS = {"device", "attention_backend", "aux_layer_ids", "max_tokens_per_forward", "mem_fraction_static",
-            "log_level", "python"}
-MAX_TOKENS_PER_FORWARD = 16384  # SGLang's default max_prefill_tokens
 
 
-def _device(options: dict[str, Any]) -> str:
-    device = options.get("device", "auto")
-    if device == "auto":
+def _device(requested: str) -> str:
+    if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"engine.options.device={device!r}: must be 'auto', 'cpu' or 'cuda'")
-    return device
-
-
-def _check_options(options: dict[str, Any]) -> None:
-    unknown = sorted(set(options) - _OPTIONS)
-    if unknown:
-        raise ValueError(f"engine.options has unknown key(s) {unknown} for engine=sglang; known: {sorted(_OPTIONS)}")
-    limit = options.get("max_tokens_per_forward", MAX_TOKENS_PER_FORWARD)
-    if not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"engine.options.max_tokens_per_forward={limit!r}: must be a positive integer")
+    return requested
 
 
 def _refuse_quantized_on_cpu(model_path: str, quantization: dict[str, Any] | None) -> None:
@@ -90,33 +76,34 @@ def _refuse_tp_on_cpu(tp: int) -> None:
 class SGLangEngine(Engine):
     name = "sglang"
     environment = ".venv-sglang"
+    options_type = SGLangOptions
+    opts: SGLangOptions
 
     def __init__(self, spec: EngineSpec, **kwargs: Any) -> None:
         super().__init__(spec, **kwargs)
-        _check_options(self.options)
         info = read_model_info(self.model_path)
         if info.num_layers != self.num_layers:
             raise ValueError(f"model.path={self.model_path!r}: config.json has {info.num_layers} layers, the run "
                              f"expects {self.num_layers}")
-        self.device = _device(self.options)
+        self.device = _device(self.opts.device)
         if self.device == "cpu":
             _refuse_quantized_on_cpu(self.model_path, info.quantization)
             _refuse_tp_on_cpu(self.spec.tp_size)
         self.plan: CapturePlan = make_plan(self.points, family=info.family, num_layers=self.num_layers,
-                                           aux_layer_ids=self.options.get("aux_layer_ids"))
-        self.max_tokens_per_forward = int(self.options.get("max_tokens_per_forward", MAX_TOKENS_PER_FORWARD))
+                                           aux_layer_ids=self.opts.aux_layer_ids)
+        self.max_tokens_per_forward = self.opts.max_tokens_per_forward
         self._session = None
         self._table: torch.Tensor | None = None
         self._table_key: str | None = None
         self._compat: dict[str, Any] | None = None
 
     def _settings(self) -> RunnerSettings:
-        backend = self.options.get("attention_backend") or ("torch_native" if self.device == "cpu" else None)
+        backend = self.opts.attention_backend or ("torch_native" if self.device == "cpu" else None)
         return RunnerSettings(model_path=self.model_path, dtype=self.dtype, device=self.device,
                               aux_layer_ids=self.plan.aux_layer_ids, max_tokens_per_forward=self.max_tokens_per_forward,
-                              mem_fraction_static=self.options.get("mem_fraction_static"),
+                              mem_fraction_static=self.opts.mem_fraction_static,
                               attention_backend=backend, tp_size=self.spec.tp_size,
-                              log_level=self.options.get("log_level", "warning"),
+                              log_level=self.opts.log_level,
                               trust_remote_code=self.trust_remote_code)
 
     def start(self) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,6 +30,7 @@ import torch
 
 from pipeline.core.contracts import Capture, EngineInfo, PointSource, PreparedSample
 from pipeline.engines.base import Engine
+from pipeline.engines.vllm.options import VLLMOptions
 from pipeline.models.hf_text import remote_code_error
 from pipeline.points import Point, family_of, to_native
 
@@ -43,37 +43,6 @@ _NO_MOE_KERNEL = re.compile(r"No \w+ MoE backend supports")
 
 class NoKernelError(RuntimeError):
     """vLLM has no kernel for this checkpoint's quantization on this machine (never replaced silently)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class VLLMOptions:
-    """`engine.options` for vLLM; unknown keys are an error (a typo must not be ignored)."""
-
-    kv_cache_space_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE; vLLM's CPU default asks for more than small machines have
-    gpu_memory_utilization: float = 0.1  # on CPU: the fraction of memory vLLM reserves
-    max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings, at most 8192 (KV cache size)
-    max_num_batched_tokens: int | None = None  # tokens per step; longer prompts are prefilled in chunks
-    attention_backend: str | None = None  # e.g. CPU_MLA; None = vLLM's choice (float32 MLA on CPU: see below)
-    disable_custom_rotary: bool = False  # the documented workaround for vLLM's CPU rotary-kernel bug
-    # True = vLLM's EngineCore in its own process (vLLM's default); None = in this process, except for a multimodal
-    # wrapper (Kimi-K2.5), which needs its own (`_own_process`)
-    engine_core_process: bool | None = None
-    seed: int = 0
-    python: str | None = None  # the interpreter (used by make_engine, not here)
-
-    @classmethod
-    def parse(cls, options: dict[str, Any]) -> "VLLMOptions":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(f"engine.options: unknown key(s) {unknown} for engine=vllm; known: {sorted(known)}")
-        opts = cls(**options)
-        if opts.kv_cache_space_gib < 1:
-            raise ValueError(f"engine.options.kv_cache_space_gib={opts.kv_cache_space_gib!r}: must be >= 1")
-        if not 0 < opts.gpu_memory_utilization <= 1:
-            raise ValueError(f"engine.options.gpu_memory_utilization={opts.gpu_memory_utilization!r}: "
-                             f"must be in (0, 1]")
-        return opts
 
 
 def _raw_config(model_path: str) -> dict[str, Any]:
@@ -140,14 +109,15 @@ def _explain_start_failure(error: Exception, model_path: str, checkpoint: dict[s
 class VLLMEngine(Engine):
     name = "vllm"
     environment = ".venv-vllm"
+    options_type = VLLMOptions
+    opts: VLLMOptions
 
     def start(self) -> None:
-        self._opts = VLLMOptions.parse(self.options)
         self._ckpt = _checkpoint(self.model_path)
         self._multimodal = _is_multimodal(self.model_path)
         self._own_process = self._engine_core_process()
         # Read by vLLM when the engine is created; this worker process belongs to the engine alone.
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self._opts.kv_cache_space_gib))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.opts.kv_cache_space_gib))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if self._own_process else "0"
         from vllm import LLM
 
@@ -165,22 +135,22 @@ class VLLMEngine(Engine):
         """Kimi-K2.5's media processing imports numba (even text-only, vLLM builds the processor at start-up); with the
         EngineCore in this process, vLLM's CPU triton-kernel override scan then fails on numba's objects
         ("'_lib_fn_wrapper' object has no attribute 'get'"). In a process of its own it starts and captures."""
-        if self._opts.engine_core_process is not None:
+        if self.opts.engine_core_process is not None:
             from vllm.platforms import current_platform
 
-            if self._multimodal and not self._opts.engine_core_process and current_platform.is_cpu():
+            if self._multimodal and not self.opts.engine_core_process and current_platform.is_cpu():
                 raise ValueError(f"engine.options.engine_core_process=false with model.path={self.model_path!r}: a "
                                  f"multimodal wrapper's EngineCore fails to start in this process on CPU (vLLM's "
                                  f"triton-override scan trips on numba, which its Kimi media processor imports); "
                                  f"leave the option unset or true")
-            return self._opts.engine_core_process
+            return self.opts.engine_core_process
         return self._multimodal
 
     def _attention_request(self) -> tuple[str | None, str | None]:
         """(backend to ask vLLM for, why). AMX_MLA, vLLM's pick for MLA on AMX CPUs, takes bf16/fp16 weights only
         and fails on float32 ("expect weight to be bfloat16, ..."), so float32 MLA asks for the reference CPU_MLA."""
-        if self._opts.attention_backend:
-            return self._opts.attention_backend, "engine.options.attention_backend"
+        if self.opts.attention_backend:
+            return self.opts.attention_backend, "engine.options.attention_backend"
         from vllm.platforms import current_platform
 
         if self.dtype == "float32" and "kv_lora_rank" in self._ckpt and current_platform.is_cpu():
@@ -188,7 +158,7 @@ class VLLMEngine(Engine):
         return None, None
 
     def _llm_kwargs(self) -> dict[str, Any]:
-        o = self._opts
+        o = self.opts
         kwargs: dict[str, Any] = dict(
             model=self.model_path, dtype=self.dtype, seed=o.seed, tensor_parallel_size=self.spec.tp_size,
             enforce_eager=True, enable_prefix_caching=False,  # cached prefix tokens would get no hidden states
@@ -208,8 +178,8 @@ class VLLMEngine(Engine):
         return kwargs
 
     def _max_model_len(self) -> int:
-        if self._opts.max_model_len is not None:
-            return self._opts.max_model_len
+        if self.opts.max_model_len is not None:
+            return self.opts.max_model_len
         return min(int(self._ckpt.get("max_position_embeddings") or 8192), 8192)
 
     def _rpc(self, method: str, *args: Any) -> Any:
@@ -276,14 +246,14 @@ class VLLMEngine(Engine):
             extra={**self._layout, "wrapper_class": self._layout["model_class"] if self._multimodal else None,
                    "language_model_only": self._multimodal, "trust_remote_code": self.trust_remote_code,
                    "attention": f["attention"], "attention_requested": {"backend": backend, "by": why},
-                   "rotary": f["rotary"], "disable_custom_rotary": self._opts.disable_custom_rotary,
+                   "rotary": f["rotary"], "disable_custom_rotary": self.opts.disable_custom_rotary,
                    "custom_ops": f["custom_ops"], "scheduler": f["scheduler"], "device": f["device"],
                    "parameter_dtypes": f["parameter_dtypes"],
                    "engine_core": "own process" if self._own_process else "in the adapter's process",
                    "environment": {k: os.environ.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE",
                                                                   "VLLM_CPU_OMP_THREADS_BIND")},
                    "capture": "worker extension (forward hooks), sliced per request by query_start_loc",
-                   "options": asdict(self._opts)})
+                   "options": self.opts.to_dict()})
 
     def close(self) -> None:
         llm = self.__dict__.pop("_llm", None)
