@@ -11,7 +11,7 @@ import torch
 
 from pipeline.core.outdir import Layout
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"  # what the writer writes; pipeline.shards.formats reads every version
 SHARDS_DIR = "shards"
 MANIFEST_NAME = "manifest.json"
 DIFF_DIR = "diff"  # the diff gate's report, written before the run starts (pipeline.run.gate)

@@ -1,8 +1,8 @@
 """The run manifest: written last and atomically; its presence is what makes a run directory finished.
 
 The caller builds the manifest dict (provenance, resolved config, diff and reject summaries, shard entries); this
-module only owns where it lives and how it is written and read. `REQUIRED_KEYS` are the ones the verifier and the
-reader depend on.
+module only owns where it lives and how it is written and read (every format version, through
+pipeline.shards.formats). `REQUIRED_KEYS` are the ones the verifier and the reader depend on.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline.core.io import write_text_atomic
-from pipeline.shards import layout
+from pipeline.shards import formats, layout
 
 REQUIRED_KEYS = ("format_version", "points", "hidden_size", "dtype", "shards", "num_samples", "num_tokens")
 
@@ -26,7 +26,7 @@ def manifest_path(run_dir: Path) -> Path:
 
 def write_manifest(run_dir: Path, manifest: Mapping[str, Any]) -> Path:
     """Write manifest.json atomically (temp file + rename), keys sorted, indented; returns its path."""
-    missing = [key for key in REQUIRED_KEYS if key not in manifest]
+    missing = [key for key in (*REQUIRED_KEYS, *formats.V2_KEYS) if key not in manifest]
     if missing:
         raise ManifestError(f"manifest is missing required keys {missing}")
     text = json.dumps(manifest, sort_keys=True, indent=2, allow_nan=False) + "\n"
@@ -51,7 +51,10 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     missing = [key for key in REQUIRED_KEYS if key not in manifest]
     if missing:
         raise ManifestError(f"manifest {path} is missing required keys {missing}")
-    return manifest
+    try:
+        return formats.read(manifest)
+    except formats.FormatError as exc:
+        raise ManifestError(f"manifest {path}: {exc}") from None
 
 
 def is_finished(run_dir: Path) -> bool:

@@ -17,7 +17,8 @@ from safetensors import safe_open
 
 from pipeline.shards import layout
 from pipeline.shards.manifest import read_manifest
-from pipeline.shards.storage import from_metadata, of_manifest
+from pipeline.shards.formats import shard_storage
+from pipeline.shards.storage import of_manifest
 from pipeline.shards.writer import ShardEntry
 
 
@@ -76,7 +77,8 @@ class RunReader:
             stored = json.loads(handle.metadata()[layout.META_POINTS])
             if stored != self.points:
                 raise ValueError(f"{self._tensor_files[shard].name}: points {stored} != manifest {self.points}")
-            found = from_metadata(handle.metadata().get(layout.META_STORAGE), self.storage)
+            found = shard_storage(handle.metadata().get(layout.META_STORAGE), self.manifest["format_version"],
+                                  self.storage)
             if found != self.storage:
                 raise ValueError(f"{self._tensor_files[shard].name}: storage {found} != manifest {self.storage}")
             self._handles[shard] = handle

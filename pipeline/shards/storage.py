@@ -165,24 +165,9 @@ def parse(record: Any) -> Storage:
 
 
 def of_manifest(manifest: Mapping[str, Any]) -> Storage:
-    """The run's storage from its manifest; a manifest without a storage record stores states as captured."""
-    record = manifest.get("storage")
-    if record is None:
-        record = {"dtype": manifest.get("dtype"), "capture_dtype": manifest.get("dtype"), "scaling": NO_SCALING}
-    return parse(record)
-
-
-def from_metadata(text: str | None, run: Storage) -> Storage:
-    """A shard's storage from its metadata. A shard written before storage was recorded (no key) stores its states
-    as captured: it agrees with a run that does, and never with an fp8 run (whose shards need their scales)."""
-    if text is None:
-        if run.scaled:
-            raise ValueError(f"no {layout.META_STORAGE} record, and the run stores {run.dtype} with scales")
-        return run
-    try:
-        return parse(json.loads(text))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"storage metadata is not JSON: {e}") from None
+    """The run's storage from its manifest (as pipeline.shards.manifest.read_manifest gives it: every version's
+    manifest carries the record)."""
+    return parse(manifest.get("storage"))
 
 
 class ShardEncoder:

@@ -16,7 +16,8 @@ import torch
 
 from pipeline.core.stfile import TensorInfo, read_header, read_range
 from pipeline.shards import layout
-from pipeline.shards.storage import SCALE_DTYPE, Storage, from_metadata
+from pipeline.shards.formats import shard_storage
+from pipeline.shards.storage import SCALE_DTYPE, Storage
 from pipeline.shards.writer import ShardEntry
 
 _CHUNK_ELEMENTS = 8 << 20  # hidden-state values per finiteness chunk (32 MiB once widened to float32)
@@ -31,6 +32,7 @@ class Expected:
     hidden_size: int
     dtype: str
     storage: Storage
+    version: str = layout.FORMAT_VERSION  # the manifest's: every shard of a run carries it
     provenance: dict[str, str] | None = None  # the shard metadata the manifest's provenance implies (None: no record)
 
 
@@ -73,7 +75,7 @@ def _metadata_problems(name: str, meta: dict[str, str], expect: Expected) -> lis
     if points != expect.points:
         problems.append(f"{name}: metadata points {points} != manifest points {expect.points}")
     try:
-        storage = from_metadata(meta.get(layout.META_STORAGE), expect.storage)
+        storage = shard_storage(meta.get(layout.META_STORAGE), expect.version, expect.storage)
     except ValueError as exc:
         problems.append(f"{name}: metadata storage: {exc}")
     else:
@@ -81,8 +83,8 @@ def _metadata_problems(name: str, meta: dict[str, str], expect: Expected) -> lis
             problems.append(f"{name}: metadata storage {storage.to_dict()} != manifest storage "
                             f"{expect.storage.to_dict()}")
     version = meta.get(layout.META_FORMAT_VERSION)
-    if version != layout.FORMAT_VERSION:
-        problems.append(f"{name}: metadata format_version={version!r} != {layout.FORMAT_VERSION!r}")
+    if version != expect.version:
+        problems.append(f"{name}: metadata format_version={version!r} != the manifest's {expect.version!r}")
     for key, want in (expect.provenance or {}).items():
         got = meta.get(key)
         if got != want:

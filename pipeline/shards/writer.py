@@ -49,7 +49,6 @@ class ShardEntry:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ShardEntry":
         known = set(cls.__dataclass_fields__)
-        data = {k: v for k, v in data.items() if k != "num_saturated"}  # written before storage was recorded
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"shard entry has unknown fields {sorted(unknown)}")

@@ -55,6 +55,7 @@ def make_manifest(run_dir, entries):
     write_manifest(run_dir, {
         "format_version": layout.FORMAT_VERSION, "points": POINTS, "hidden_size": H, "dtype": entries[0].dtype,
         "shards": [e.to_dict() for e in entries], "num_samples": sum(e.num_samples for e in entries),
-        "num_tokens": num_tokens, "provenance": {}, "config": {}, "rejects": {},
+        "num_tokens": num_tokens, "num_loss_tokens": sum(e.num_loss_tokens for e in entries), "provenance": {},
+        "config": {}, "rejects": {},
         "storage": run_record([e.storage for e in entries], POINTS, hidden_size=H, num_tokens=num_tokens,
                               shard_bytes=sum(f["bytes"] for e in entries for f in e.files.values()))})

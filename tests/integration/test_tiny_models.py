@@ -20,6 +20,7 @@ from pipeline.factory.tiny import (
     is_complete,
     main,
 )
+from pipeline.models.built import models_root
 
 pytestmark = [pytest.mark.integration]
 

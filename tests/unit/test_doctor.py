@@ -39,7 +39,8 @@ def run_dir(path: Path, *, points, model_type="llama", architecture="LlamaForCau
                         "attention_backend": "sdpa", "quantization": {"kernel": "dense"}}
     write_manifest(path, {
         "format_version": layout.FORMAT_VERSION, "points": points, "hidden_size": hidden, "dtype": "bfloat16",
-        "shards": [], "num_samples": 0, "num_tokens": 0,
+        "shards": [], "num_samples": 0, "num_tokens": 0, "num_loss_tokens": 0,
+        "storage": {"dtype": "bfloat16", "capture_dtype": "bfloat16", "scaling": "none"},
         "provenance": {"engine": engine, "diff": diff, "model": {
             "model_type": model_type, "architecture": architecture, "num_layers": num_layers, "hidden_size": hidden,
             "path": str(model_path) if model_path else None}}})

@@ -63,7 +63,7 @@ def test_shard_file_layout_and_metadata(tmp_path):
         meta = f.metadata()
         assert f.get_tensor("sample_offsets").tolist() == [0, 3, 9, 11]
         assert list(f.get_slice("hidden_states").get_shape()) == [11, 3, H]
-    assert json.loads(meta["points"]) == POINTS and meta["format_version"] == "1" and meta["engine"] == "hf"
+    assert json.loads(meta["points"]) == POINTS and meta["format_version"] == layout.FORMAT_VERSION and meta["engine"] == "hf"
     rows = pq.read_table(tmp_path / "shards/shard-00007.parquet").to_pylist()
     assert [r["offset"] for r in rows] == [0, 3, 9] and [r["num_tokens"] for r in rows] == [3, 6, 2]
     assert rows[1]["token_digest"] == layout.token_digest(items[1][0].input_ids_T)

@@ -6,6 +6,8 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from pipeline.core.io import sha256_file
 from pipeline.core.stfile import read_header
@@ -80,8 +82,9 @@ def test_nan_written_by_bypassing_validation(tmp_path):
     items[1][1].hidden_states_TPH[0, 0, 0] = float("inf")
     entry = write_shard(tmp_path, 0, items, points=POINTS)  # the writer trusts validate.py; here nothing ran it
     from pipeline.shards.manifest import write_manifest
-    write_manifest(tmp_path, {"format_version": "1", "points": POINTS, "hidden_size": H, "dtype": "float32",
-                              "shards": [entry.to_dict()], "num_samples": 2, "num_tokens": 5})
+    write_manifest(tmp_path, {"format_version": layout.FORMAT_VERSION, "points": POINTS, "hidden_size": H,
+                              "dtype": "float32", "shards": [entry.to_dict()], "num_samples": 2, "num_tokens": 5,
+                              "num_loss_tokens": entry.num_loss_tokens, "storage": entry.storage})
     assert verify_run(tmp_path) == [f"shard-00000: 1 non-finite hidden state value(s), first at token 2 "
                                     f"(sample {items[1][0].sample_id!r}, point 'b0')"]
 
@@ -105,7 +108,8 @@ def test_extra_file(tmp_path):
 def test_duplicate_sample_ids_across_shards(tmp_path):
     make_run(tmp_path, [[3, 5]])
     entry2 = write_shard(tmp_path, 1, make_items([3]), points=POINTS)  # seed 0 again: same ids as shard 0
-    _edit_manifest(tmp_path, lambda m: (m["shards"].append(entry2.to_dict()), m.update(num_samples=3, num_tokens=11)))
+    _edit_manifest(tmp_path, lambda m: (m["shards"].append(entry2.to_dict()), m.update(
+        num_samples=3, num_tokens=11, num_loss_tokens=m["num_loss_tokens"] + entry2.num_loss_tokens)))
     assert verify_run(tmp_path) == ["sample_id 'id-0-0' appears 2 times (in shard-00000, shard-00001)"]
 
 
@@ -209,8 +213,7 @@ def test_fp8_storage_records_must_agree(tmp_path):
     storage(capture_dtype="bfloat16")
     assert verify_run(tmp_path) == []
     _edit_manifest(tmp_path, lambda m: m.pop("storage"))  # fp8 states and no record of their scales
-    assert len(verify_run(tmp_path)) == 1 and "manifest storage: storage dtype='float8_e4m3fn' with scaling='none'" \
-        in verify_run(tmp_path)[0]
+    assert len(verify_run(tmp_path)) == 1 and "format_version 2 requires ['storage']" in verify_run(tmp_path)[0]
 
 
 def test_plain_run_claiming_fp8_storage(tmp_path):
@@ -219,13 +222,29 @@ def test_plain_run_claiming_fp8_storage(tmp_path):
     assert verify_run(tmp_path) == ["manifest storage dtype 'float8_e4m3fn' != manifest dtype 'bfloat16'"]
 
 
-def test_a_run_written_before_storage_was_recorded_still_verifies(tmp_path):
-    make_run(tmp_path, [[3, 5]], dtype=torch.bfloat16)
+def _as_format_1_before_storage(run_dir):
+    """The run as format 1 wrote it before storage was recorded: no storage record in the manifest, its entries or the
+    shards' metadata, `num_saturated` in every entry, format_version "1" everywhere (the files' records refreshed)."""
+    for path in sorted((run_dir / "shards").glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+            meta = {**f.metadata(), layout.META_FORMAT_VERSION: "1"}
+        meta.pop(layout.META_STORAGE)
+        save_file(tensors, str(path), metadata=meta)
+        _refresh_file_record(run_dir, path.relative_to(run_dir).as_posix())
 
     def legacy(manifest):
         manifest.pop("storage")
+        manifest["format_version"] = "1"
         for shard in manifest["shards"]:
             shard.pop("storage")
             shard["num_saturated"] = 0
-    _edit_manifest(tmp_path, legacy)
+    _edit_manifest(run_dir, legacy)
+
+
+def test_a_run_written_before_storage_was_recorded_still_verifies(tmp_path):
+    make_run(tmp_path, [[3, 5]], dtype=torch.bfloat16)
+    _as_format_1_before_storage(tmp_path)
     assert verify_run(tmp_path) == []
+    _edit_manifest(tmp_path, lambda m: m.update(format_version="2"))  # what version 1 lacked, version 2 requires
+    assert "format_version 2 requires ['storage']" in verify_run(tmp_path)[0]
