@@ -12,6 +12,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.models.load_report import held_load_report, settle
+
 # Wrapper model_type -> the weight-name mapping onto the text model's own names. Some re-exports of Kimi-K2.5 write
 # `language_model.layers.*` (no `.model.`): the last pattern takes those.
 WRAPPERS: dict[str, dict[str, str]] = {
@@ -86,8 +88,10 @@ def load_text_model(path: str, *, trust_remote_code: bool = False, **kwargs: Any
     # Kimi names its DeepSeek-V3 text model kimi_k2, and transformers' Kimi_K25Config keeps that name: transformers
     # then finds no weight conversion for it and leaves every routed expert uninitialised (MISSING in its report).
     text_config.model_type = "deepseek_v3"
-    model, loading = DeepseekV3ForCausalLM.from_pretrained(path, config=text_config, key_mapping=mapping,
-                                                           output_loading_info=True, **kwargs)
+    with held_load_report(path) as report:  # the wrapper's vision weights stay unread: one line, not a table
+        model, loading = DeepseekV3ForCausalLM.from_pretrained(path, config=text_config, key_mapping=mapping,
+                                                               output_loading_info=True, **kwargs)
+    settle(report, loading, config.model_type, text_prefixes=tuple(sorted(set(mapping.values()))))
     missing = sorted(loading.get("missing_keys") or [])
     if missing:  # a weight left at its random init would make every capture wrong, silently
         raise ValueError(f"model.path={path!r}: the {config.model_type} checkpoint's text model did not load "
