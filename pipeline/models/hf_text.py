@@ -4,7 +4,8 @@ inside Kimi-K2.5's multimodal wrapper.
 transformers 5.19 knows `kimi_k25` only as an image-text-to-text model (`AutoModelForCausalLM` rejects it). The wrapper's
 text model is a plain DeepSeek-V3 whose weights carry a `language_model.` prefix, so it loads exactly as
 `DeepseekV3ForCausalLM` from the wrapper's `text_config` with the prefix mapped away; the vision tensors are left
-unloaded (the capture is text-only). ../shared/KIMI_K25.md section 5.
+unloaded (the capture is text-only) and transformers' report of them is one line (load_report.py). The wrapper's
+layout and transformers' traps with it: docs/engines.md, "Kimi-K2.5's wrapper on every engine".
 """
 from __future__ import annotations
 
