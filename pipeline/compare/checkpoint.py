@@ -16,6 +16,8 @@ from typing import Any, Sequence
 import torch
 from safetensors import safe_open
 
+from pipeline.models.info import text_config
+
 _FINAL_NORM = re.compile(r"(^|\.)norm\.weight$")
 _SKIP = ("vision", "mm_projector", "multi_modal", "audio")
 
@@ -24,14 +26,10 @@ class CheckpointError(ValueError):
     """A tensor the comparison needs is not in the checkpoint."""
 
 
-def _text_config(config: dict[str, Any]) -> dict[str, Any]:
-    return config.get("text_config") or config
-
-
 def moe_layers(config: dict[str, Any]) -> set[int]:
     """1-based numbers of the decoder layers whose MLP is a routed mixture of experts (layer k sits between b(k-1)
     and b(k)); empty for dense models."""
-    text = _text_config(config)
+    text = text_config(config)
     n = int(text.get("num_hidden_layers", 0))
     if text.get("n_routed_experts"):  # DeepSeek-V2/V3, Kimi-K2
         first_dense = int(text.get("first_k_dense_replace", 0))
@@ -50,7 +48,7 @@ class Checkpoint:
     def __init__(self, model_dir: str | Path) -> None:
         self.path = Path(model_dir)
         self.config = json.loads((self.path / "config.json").read_text())
-        self.text = _text_config(self.config)
+        self.text = text_config(self.config)
 
     @cached_property
     def _files(self) -> dict[str, Path]:

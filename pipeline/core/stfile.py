@@ -3,7 +3,8 @@
 safetensors' own `save_file` needs every tensor whole in memory and then copies it to bytes, so writing a shard that
 way costs about three shard sizes of RAM. Writing the (simple, documented) format ourselves streams each sample's
 hidden states straight to disk: the writer adds no copy beyond one sample. Files are read back with the real
-`safetensors` library in the reader and the tests, which is what keeps this writer honest.
+`safetensors` library in the reader, in verify (beside this parser's header) and in the tests, which is what keeps
+this writer honest.
 """
 from __future__ import annotations
 
@@ -182,21 +183,6 @@ def _tensor_infos(raw: bytes, data_start: int, where: str) -> tuple[dict[str, Te
         infos[name] = TensorInfo(dtype_code=entry["dtype"], shape=tuple(entry["shape"]),
                                  start=data_start + begin, end=data_start + end)
     return infos, metadata
-
-
-def read_range(path: Path, info: TensorInfo, torch_dtype: torch.dtype, row_bytes: int,
-               first_row: int, num_rows: int) -> torch.Tensor:
-    """Read rows [first_row, first_row + num_rows) of a tensor as a flat tensor, with a plain read (no mmap)."""
-    begin = info.start + first_row * row_bytes
-    size = num_rows * row_bytes
-    if begin + size > info.end:
-        raise ValueError(f"{path.name}: rows {first_row}..{first_row + num_rows} run past the tensor's end")
-    buf = bytearray(size)
-    with open(path, "rb") as f:
-        f.seek(begin)
-        if f.readinto(buf) != size:
-            raise ValueError(f"{path.name}: file ends before byte {begin + size}")
-    return torch.frombuffer(buf, dtype=torch_dtype) if size else torch.empty(0, dtype=torch_dtype)
 
 
 def tensors_from_buffer(buf: bytearray) -> dict[str, torch.Tensor]:

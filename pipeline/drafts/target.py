@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.io import read_json_object
+from pipeline.models.info import text_config
 from pipeline.points import Point, PointError, parse_point
 from pipeline.shards.manifest import ManifestError, read_manifest
 
@@ -56,12 +57,6 @@ def _points(labels, num_layers: int, where: str) -> list[Point]:
         return [parse_point(label, num_layers=num_layers) for label in labels]
     except PointError as exc:
         raise TargetError(f"{where}: {exc}") from None
-
-
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The text model's config: a multimodal wrapper (Kimi-K2.5) nests it in text_config."""
-    inner = config.get("text_config")
-    return inner if isinstance(inner, dict) else config
 
 
 def from_model_dir(target: Target, model_dir: Path) -> None:

@@ -4,13 +4,16 @@ inside Kimi-K2.5's multimodal wrapper.
 transformers 5.19 knows `kimi_k25` only as an image-text-to-text model (`AutoModelForCausalLM` rejects it). The wrapper's
 text model is a plain DeepSeek-V3 whose weights carry a `language_model.` prefix, so it loads exactly as
 `DeepseekV3ForCausalLM` from the wrapper's `text_config` with the prefix mapped away; the vision tensors are left
-unloaded (the capture is text-only). ../shared/KIMI_K25.md section 5.
+unloaded (the capture is text-only) and transformers' report of them is one line (load_report.py). The wrapper's
+layout and transformers' traps with it: docs/engines.md, "Kimi-K2.5's wrapper on every engine".
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
 from typing import Any
+
+from pipeline.models.load_report import held_load_report, settle
 
 # Wrapper model_type -> the weight-name mapping onto the text model's own names. Some re-exports of Kimi-K2.5 write
 # `language_model.layers.*` (no `.model.`): the last pattern takes those.
@@ -86,8 +89,10 @@ def load_text_model(path: str, *, trust_remote_code: bool = False, **kwargs: Any
     # Kimi names its DeepSeek-V3 text model kimi_k2, and transformers' Kimi_K25Config keeps that name: transformers
     # then finds no weight conversion for it and leaves every routed expert uninitialised (MISSING in its report).
     text_config.model_type = "deepseek_v3"
-    model, loading = DeepseekV3ForCausalLM.from_pretrained(path, config=text_config, key_mapping=mapping,
-                                                           output_loading_info=True, **kwargs)
+    with held_load_report(path) as report:  # the wrapper's vision weights stay unread: one line, not a table
+        model, loading = DeepseekV3ForCausalLM.from_pretrained(path, config=text_config, key_mapping=mapping,
+                                                               output_loading_info=True, **kwargs)
+    settle(report, loading, config.model_type, text_prefixes=tuple(sorted(set(mapping.values()))))
     missing = sorted(loading.get("missing_keys") or [])
     if missing:  # a weight left at its random init would make every capture wrong, silently
         raise ValueError(f"model.path={path!r}: the {config.model_type} checkpoint's text model did not load "

@@ -21,9 +21,12 @@ class ModelInfo:
     quantization: dict[str, Any] | None
 
 
-def _text_config(config: dict[str, Any]) -> dict[str, Any]:
-    # Multimodal checkpoints (Kimi-K2.5) nest the language model's config; the captured stream is the text model's.
-    return config.get("text_config") or config
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The text model's part of a parsed config.json: a multimodal wrapper (Kimi-K2.5) nests it under `text_config`,
+    any other checkpoint is its own text model. Every module that reads a checkpoint's layers, width or vocabulary
+    reads them from here: the captured stream is the text model's."""
+    inner = config.get("text_config")
+    return inner if isinstance(inner, dict) and inner else config
 
 
 def read_model_info(path: str | Path) -> ModelInfo:
@@ -37,7 +40,7 @@ def read_model_info(path: str | Path) -> ModelInfo:
         config = json.loads(config_file.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"model.path={str(path)!r}: config.json is not valid JSON ({e})") from e
-    text = _text_config(config)
+    text = text_config(config)
     missing = [k for k in ("model_type", "num_hidden_layers", "hidden_size") if k not in text]
     if missing:
         raise ValueError(f"model.path={str(path)!r}: config.json lacks {missing}")

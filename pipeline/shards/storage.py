@@ -9,7 +9,7 @@ values overflow (beyond 448: clipped) or sink below the normal range (under 2^-6
 checkpoint's residual stream spans orders of magnitude across tokens (embeddings near 1e-2, attention-sink tokens
 with "massive activations" of 1e3 or more), and one scale per tensor puts the ordinary tokens of a sample with a
 sink token into the subnormals; one scale per row cannot clip, and only a row's own values share its range. A
-float32 scale costs 4 bytes per H: 0.53x of bf16 at H=256, 0.5003x at Kimi's 7168.
+float32 scale costs 4 bytes per H: 0.51x of bf16 at H=256, 0.5003x at Kimi's 7168.
 
 The scales are a tensor of their own, `hidden_scales [T, P] F32`, after `hidden_states` in the file (the states are
 streamed sample by sample and every sample's scales are known only once it is encoded). The writer measures the

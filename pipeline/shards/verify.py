@@ -1,12 +1,13 @@
 """Verify a finished run directory: every problem is reported as one specific line; an empty list means sound.
 
 Checks, in order: the manifest parses and has what the format needs; every listed file is a path inside the run
-directory (no '..', not absolute, not through a symlink) that exists with the recorded size and sha256; each shard's
+directory (no '..', not absolute, not through a symlink) that exists with the recorded size and sha256; the safetensors
+library and the writer's own parser both accept each shard's header and read it alike (st_library.py); each shard's
 header, offsets, finiteness and Parquet rows agree with the manifest (verify_shard.py), its metadata included: engine,
 capture convention, model and code as the manifest's provenance records them; sample ids are unique across the run;
-totals equal the manifest's counts; the manifest's other claims (provenance digest, start record, reject and
-truncation counts) hold (verify_claims.py); and the run directory holds nothing a run does not write: no unlisted
-shard file, user file, symlink or stale temp file (verify_tree.py).
+totals equal the manifest's counts; the manifest's other claims (provenance digest, start record, reject and truncation
+counts) hold (verify_claims.py); and the run directory holds nothing a run does not write: no unlisted shard file, user
+file, symlink or stale temp file (verify_tree.py).
 """
 from __future__ import annotations
 

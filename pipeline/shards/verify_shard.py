@@ -1,7 +1,8 @@
 """Content checks of one shard against its manifest entry: header, offsets, finiteness, Parquet rows.
 
-Everything is read with plain buffered reads (never the whole hidden-state tensor, never a memory map that would
-keep the touched pages resident), so verifying a run needs memory of one chunk, not of one shard.
+The header is read twice, by the pipeline's own parser (the writer's) and by the safetensors library, and the two
+must agree; every tensor checked is read through the library (st_library.py), hidden states chunk by chunk, so
+verifying a run needs memory of one chunk, not of one shard.
 """
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from pipeline.core.stfile import TensorInfo, read_header, read_range
+from pipeline.core.stfile import TensorInfo, read_header
 from pipeline.shards import layout
 from pipeline.shards.formats import shard_storage
+from pipeline.shards.st_library import LibraryRejects, header_disagreements, read_library_header, read_rows, read_small
 from pipeline.shards.storage import SCALE_DTYPE, Storage
 from pipeline.shards.writer import ShardEntry
 
@@ -112,19 +114,15 @@ def _offset_problems(name: str, offsets: np.ndarray, num_tokens: int) -> list[st
 def _non_finite(path: Path, infos: dict[str, TensorInfo], storage: Storage) -> tuple[int, int, int, list[str]]:
     """(count, first flat token row, first point index) of non-finite hidden-state values as the reader returns them
     (fp8: dequantized), streamed in chunks; and the problems of fp8 scales (each must be finite and positive)."""
-    info = infos[layout.HIDDEN_STATES]
-    num_tokens, num_points, hidden = info.shape
-    dtype = layout.HIDDEN_DTYPES[storage.dtype][0]
-    row_bytes = num_points * hidden * _itemsize(dtype)
+    num_tokens, num_points, hidden = infos[layout.HIDDEN_STATES].shape
     rows_per_chunk = max(1, _CHUNK_ELEMENTS // max(1, num_points * hidden))
     count, first_row, first_point, bad_scales, first_scale = 0, -1, -1, 0, None
     for start in range(0, num_tokens, rows_per_chunk):
         rows = min(rows_per_chunk, num_tokens - start)
-        chunk = read_range(path, info, dtype, row_bytes, start, rows).view(rows, num_points, hidden)
+        chunk = read_rows(path, layout.HIDDEN_STATES, start, rows)
         scales = None
         if storage.scaled:
-            scales = read_range(path, infos[layout.HIDDEN_SCALES], SCALE_DTYPE, num_points * _itemsize(SCALE_DTYPE),
-                                start, rows).view(rows, num_points)
+            scales = read_rows(path, layout.HIDDEN_SCALES, start, rows)
             wrong = ~(torch.isfinite(scales) & (scales > 0))
             if (num_wrong := int(wrong.sum())) and first_scale is None:
                 row, point = torch.nonzero(wrong)[0].tolist()
@@ -172,9 +170,25 @@ def _parquet_problems(name: str, table: dict[str, list], entry: ShardEntry, offs
     return problems
 
 
-def _read_small(path: Path, info: TensorInfo, dtype: torch.dtype) -> np.ndarray:
-    num = math.prod(info.shape)
-    return read_range(path, info, dtype, _itemsize(dtype), 0, num).numpy()
+def _headers(st_path: Path, name: str) -> tuple[dict[str, TensorInfo], dict[str, str]] | list[str]:
+    """The header as the pipeline's parser reads it, once the safetensors library has read the same; else the
+    problems: either one refusing the file, or the two reading it differently."""
+    own, infos, meta = None, {}, {}
+    try:
+        infos, meta = read_header(st_path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        own = f"{type(exc).__name__}: {exc}"
+    try:
+        library = read_library_header(st_path)
+    except (OSError, LibraryRejects) as exc:
+        if own is not None:
+            return [f"{name}: unreadable ({own}; the safetensors library: {exc})"]
+        return [f"{name}: the safetensors library rejects {st_path.name} ({exc}), though the pipeline's own parser "
+                "reads it"]
+    if own is not None:
+        return [f"{name}: unreadable by the pipeline's own parser ({own}), though the safetensors library reads "
+                f"{st_path.name}"]
+    return header_disagreements(f"{name}: {st_path.name}", infos, meta, library) or (infos, meta)
 
 
 def check_shard(st_path: Path, pq_path: Path, entry: ShardEntry,
@@ -182,12 +196,15 @@ def check_shard(st_path: Path, pq_path: Path, entry: ShardEntry,
     """(problems, sample ids, truncated samples) of one shard; ids and the truncated count come from its Parquet file
     (none if unreadable)."""
     name = entry.name
+    headers = _headers(st_path, name)
+    if isinstance(headers, list):
+        return headers, [], 0
+    infos, meta = headers
+    problems = _header_problems(name, infos, meta, entry, expect)  # the two parsers agree: one check covers both
+    if problems:
+        return problems, [], 0
     try:
-        infos, meta = read_header(st_path)
-        problems = _header_problems(name, infos, meta, entry, expect)
-        if problems:
-            return problems, [], 0
-        offsets = _read_small(st_path, infos[layout.SAMPLE_OFFSETS], torch.int64)
+        offsets, input_ids, loss_mask = read_small(st_path, layout.SAMPLE_OFFSETS, layout.INPUT_IDS, layout.LOSS_MASK)
         problems = _offset_problems(name, offsets, entry.num_tokens)
         count, row, point, scale_problems = _non_finite(st_path, infos, expect.storage)
         problems += [f"{name}: {p}" for p in scale_problems]
@@ -201,7 +218,5 @@ def check_shard(st_path: Path, pq_path: Path, entry: ShardEntry,
         problems.append(f"{name}: {count} non-finite hidden state value(s), first at token {row} "
                         f"(sample {who}, point {expect.points[point]!r})")
     if not problems:
-        input_ids = _read_small(st_path, infos[layout.INPUT_IDS], torch.int64)
-        loss_mask = _read_small(st_path, infos[layout.LOSS_MASK], torch.uint8)
         problems += _parquet_problems(name, table, entry, offsets, input_ids, loss_mask)
     return problems, list(ids), sum(bool(flag) for flag in table.get("truncated", []))

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from pipeline.models.info import text_config
+
 
 def _layer(prefix: str, h: int, inter: int, heads: int, kv_heads: int, head_dim: int, mla: dict | None,
            first: bool = True) -> dict:
@@ -48,7 +50,7 @@ def make_draft(path: Path, target_config: dict, *, schema: str = "specforge", au
     | none. `prefix`: the decoder layer's tensor prefix (default midlayer for specforge, layers.0 otherwise).
     `num_layers` > 1 adds layers.1.. (h wide, without a hidden_norm: only the first layer applies one)."""
     torch.manual_seed(0)
-    text = target_config.get("text_config") or target_config
+    text = text_config(target_config)
     h, vocab = text["hidden_size"], vocab_size or text["vocab_size"]
     dvocab = draft_vocab or vocab
     heads, kv_heads = text["num_attention_heads"], text.get("num_key_value_heads", text["num_attention_heads"])

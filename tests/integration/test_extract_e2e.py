@@ -30,6 +30,14 @@ def test_extract_prints_where_what_and_which_points(finished_run):
     assert "capture points: b0, b1, b4, b7, final_norm" in proc.stdout
 
 
+def test_the_wrappers_unused_weights_are_one_line_not_a_load_report(finished_run):
+    """Each HF load of the default (the gate's reference, then the primary) says once what it skipped and why."""
+    _, proc = finished_run
+    console = proc.stdout + proc.stderr
+    assert "UNEXPECTED" not in console and "LOAD REPORT" not in console, console[-3000:]
+    assert console.count("weights of the kimi_k25 checkpoint outside its text model") == 2, console[-3000:]
+
+
 def test_verify_accepts_the_run(finished_run):
     out, _ = finished_run
     proc = cli("pipeline.verify", str(out))

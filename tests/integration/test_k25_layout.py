@@ -1,5 +1,5 @@
 """The tiny checkpoints in Kimi-K2.5's layout: the wrapper config, weight names and files of the real one, and the text
-model inside equal to the plain DeepSeek-V3 twin (../shared/KIMI_K25.md sections 1 and 5)."""
+model inside equal to the plain DeepSeek-V3 twin (docs/engines.md, "Kimi-K2.5's wrapper on every engine")."""
 from __future__ import annotations
 
 import json

@@ -195,6 +195,19 @@ def test_a_symlinked_shard_is_named(run, capsys):
                          "it"), errors
 
 
+def test_a_shard_only_the_pipelines_own_parser_reads_is_named(run, capsys):
+    """Bytes after the last tensor of a real shard, its size and sha256 relisted: the writer's own parser reads it, the
+    safetensors library (the reader of every trainer) refuses it."""
+    with open(run / ST1, "ab") as f:
+        f.write(bytes(8))
+    record = {"sha256": sha256_file(run / ST1), "bytes": (run / ST1).stat().st_size}
+    edit_manifest(run, lambda m: m["shards"][1]["files"][ST1].update(record))
+    status, errors = verify(run, capsys)
+    assert status == 1 and len(errors) == 2, errors
+    assert errors[0].startswith("shard-00001: the safetensors library rejects shard-00001.safetensors (") \
+        and "file not fully covered" in errors[0] and errors[0].endswith(", though the pipeline's own parser reads it")
+
+
 def test_a_stray_user_file_in_the_run_root_is_named(run, capsys):
     (run / "notes.txt").write_text("my notes\n")
     status, errors = verify(run, capsys)

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import json
+import struct
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -12,6 +14,7 @@ from safetensors.torch import save_file
 from pipeline.core.io import sha256_file
 from pipeline.core.stfile import read_header
 from pipeline.shards import layout
+from pipeline.shards.st_library import header_disagreements, read_library_header
 from pipeline.shards.verify import verify_run
 from pipeline.shards.writer import write_shard
 from tests.helpers.cli import cli
@@ -248,3 +251,53 @@ def test_a_run_written_before_storage_was_recorded_still_verifies(tmp_path):
     assert verify_run(tmp_path) == []
     _edit_manifest(tmp_path, lambda m: m.update(format_version="2"))  # what version 1 lacked, version 2 requires
     assert "format_version 2 requires ['storage']" in verify_run(tmp_path)[0]
+
+
+def _json(header):
+    return json.dumps(header, separators=(",", ":")).encode()
+
+
+def _gap_before_loss_mask(header, data):
+    begin, end = header[layout.LOSS_MASK]["data_offsets"]
+    header[layout.LOSS_MASK]["data_offsets"] = [begin + 8, end + 8]
+    return _json(header), data[:begin] + bytes(8) + data[begin:]
+
+
+# Shards the pipeline's own parser reads (and whose values are all right) but the safetensors library refuses, and
+# its reason. edit(header, data) -> (header JSON, data); the header is re-padded to 8 bytes as the writer pads it.
+LIBRARY_REFUSES = {
+    "bytes after the last tensor": (lambda h, d: (_json(h), d + bytes(8)), "file not fully covered"),
+    "a gap between two tensors": (_gap_before_loss_mask, "invalid offset for tensor `loss_mask`"),
+    "a UTF-8 BOM before the JSON": (lambda h, d: (b"\xef\xbb\xbf" + _json(h), d), "invalid JSON in header"),
+    "a metadata value that is not a string": (
+        lambda h, d: (_json({**h, "__metadata__": {**h["__metadata__"], "note": 1}}), d), "expected a string"),
+}
+
+
+@pytest.mark.parametrize("case", list(LIBRARY_REFUSES))
+def test_a_shard_only_the_hand_written_parser_reads_is_named(tmp_path, case):
+    make_run(tmp_path, [[3, 5]], dtype=torch.bfloat16)
+    edit, reason = LIBRARY_REFUSES[case]
+    raw = (tmp_path / ST0).read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header, data = edit(json.loads(raw[8:8 + length]), raw[8 + length:])
+    header += b" " * (-(8 + len(header)) % 8)
+    (tmp_path / ST0).write_bytes(struct.pack("<Q", len(header)) + header + data)
+    _refresh_file_record(tmp_path, ST0)
+    read_header(tmp_path / ST0)  # the writer's parser accepts it: only a second reader can tell
+    problems = verify_run(tmp_path)
+    assert len(problems) == 1 and problems[0].startswith(
+        "shard-00000: the safetensors library rejects shard-00000.safetensors (") and reason in problems[0], problems
+    assert problems[0].endswith("), though the pipeline's own parser reads it")
+
+
+def test_the_two_parsers_agree_on_a_sound_shard_and_a_disagreement_is_named(tmp_path):
+    make_run(tmp_path, [[3]])
+    infos, meta = read_header(tmp_path / ST0)
+    library = read_library_header(tmp_path / ST0)
+    assert header_disagreements("s", infos, meta, library) == []
+    library.tensors[layout.LOSS_MASK] = ("BOOL", (3,))
+    library.metadata["engine"] = "other"
+    assert header_disagreements("s", infos, meta, library) == [
+        "s: loss_mask is U8 [3] to the pipeline's parser, BOOL [3] to the safetensors library",
+        "s: metadata ['engine'] read differently by the pipeline's parser and the safetensors library"]

@@ -32,6 +32,7 @@ from pipeline.core.contracts import Capture, EngineInfo, PointSource, PreparedSa
 from pipeline.engines.base import Engine
 from pipeline.engines.vllm.options import VLLMOptions
 from pipeline.models.hf_text import remote_code_error
+from pipeline.models.info import text_config
 from pipeline.points import Point, family_of, to_native
 
 EXTENSION = "pipeline.engines.vllm.capture.CaptureExtension"
@@ -50,8 +51,7 @@ def _raw_config(model_path: str) -> dict[str, Any]:
 
 
 def _checkpoint(model_path: str) -> dict[str, Any]:
-    config = _raw_config(model_path)
-    return config.get("text_config") or config
+    return text_config(_raw_config(model_path))
 
 
 def _is_multimodal(model_path: str) -> bool:
