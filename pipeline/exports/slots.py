@@ -11,13 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from pipeline.core.cli import ExitCode, Refused, UsageError
 from pipeline.points import FINAL_NORM, Point, PointError, canonical_order, family_of, parse_point, to_native
 
 LAST_BOUNDARY = "bN"  # the layout's last slot is the last decoder layer's output, before the final norm
 
 
-class ExportError(ValueError):
+class ExportError(UsageError, ValueError):
     """A run that cannot be exported in the asked layout, or an export directory that is not this export's."""
+
+
+class RunDoesNotVerify(Refused, ExportError):
+    """The run's own check failed: its exit code is verify's for the same run, not a usage error's."""
+
+    exit_code = ExitCode.REFUSED  # Refused's, stated: ExportError's USAGE is also among the bases
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,5 +1,6 @@
-"""`python -m pipeline.export` as a user runs it: refusals (exit 2, one line naming what is wrong), a killed export
-that a rerun completes without rewriting finished files, a complete export left alone, an OUT holding another export."""
+"""`python -m pipeline.export` as a user runs it: refusals (exit 2, or 3 for a run that does not verify; one line
+naming what is wrong), a killed export that a rerun completes without rewriting finished files, a complete export left
+alone, an OUT holding another export."""
 from __future__ import annotations
 
 import os
@@ -21,8 +22,8 @@ def export(run, out, fmt, *args, env=None):
     return cli("pipeline.export", str(run), "--format", fmt, "--out", str(out), *args, env=env)
 
 
-def _one_line_error(proc) -> str:
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+def _one_line_error(proc, code: int = 2) -> str:
+    assert proc.returncode == code, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, proc.stderr
     return lines[0]
@@ -64,7 +65,7 @@ def test_a_run_that_does_not_verify_is_refused(llama_run, tmp_path):
     data = bytearray(shard.read_bytes())
     data[-100] ^= 0xFF
     shard.write_bytes(bytes(data))
-    error = _one_line_error(export(run, tmp_path / "out", "specforge"))
+    error = _one_line_error(export(run, tmp_path / "out", "specforge"), code=3)  # refused by a check, as in verify
     assert "does not verify" in error and shard.name in error and "python -m pipeline.verify" in error
     assert not (tmp_path / "out").exists()  # refused before anything is written
 
