@@ -36,7 +36,7 @@ def _config_overrides(argv: Sequence[str]) -> list[str] | None:
     return [arg for arg in argv if not arg.lstrip("+~").startswith(("hydra.", "hydra/"))]
 
 
-def exit_on_bad_overrides(argv: Sequence[str], config_name: str = "config") -> None:
+def exit_on_bad_overrides(argv: Sequence[str]) -> None:
     """Exit 2 with one `configuration error:` line when the overrides name a key the schema does not declare (the
     closest valid one named) or do not compose; return when Hydra can run them."""
     exit_on_unknown_overrides(argv)
@@ -45,7 +45,7 @@ def exit_on_bad_overrides(argv: Sequence[str], config_name: str = "config") -> N
         return
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            compose(config_name=config_name, overrides=overrides)
+            compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
         print(f"configuration error: {_one_line(e)}", file=sys.stderr)
         sys.exit(ExitCode.USAGE)
