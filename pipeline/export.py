@@ -4,8 +4,8 @@
 Writes a finished, verified run in the layout a trainer reads as it is (pipeline/exports/). POINTS are written as
 `capture.points` takes them: canonical labels or boundaries (b3,b31,b59 or [3,31,59]), or with `--convention` a
 framework's native ids, translated for the run's model as `capture.convention` is (--aux 2,30,58 --convention
-specforge is b3,b31,b59). The defaults are the run's aux points (its boundaries between b0 and bN) and the last state the layout
-needs (speculators: bN; SpecForge: final_norm). A rerun completes a partial export.
+specforge is b3,b31,b59). The defaults are the run's aux points (its boundaries between b0 and bN) and the last state
+the layout needs (speculators: bN; SpecForge: final_norm). A rerun completes a partial export.
 
 Exit status (README.md, "Exit codes"): 0 exported (or already complete); 2 usage errors and runs that cannot satisfy
 the layout; 3 a run that does not verify; 1 an I/O error (a rerun resumes); each one line.

@@ -137,7 +137,8 @@ def test_extract_interrupted(tmp_path, signum, code):
 
 
 def test_export_terminated_then_resumed(finished, tmp_path):
-    cmd = [sys.executable, "-m", "pipeline.export", str(finished), "--format", "specforge", "--out", str(tmp_path / "o")]
+    cmd = [sys.executable, "-m", "pipeline.export", str(finished), "--format", "specforge", "--out",
+           str(tmp_path / "out")]
     returncode, err = _stop_at(cmd, "write:data_0000000001.ckpt", signal.SIGTERM, tmp_path)
     assert (returncode, err.splitlines()[-1:]) == (ExitCode.TERMINATED, [INTERRUPTED_LINE]), err[-3000:]
     assert "Traceback" not in err
