@@ -4,8 +4,8 @@
     python -m pipeline.diff diff.engines=[sglang,vllm] diff.reference=hf@float32 model=tiny_kimi_bf16
     python -m pipeline.diff diff.engines=[{name:vllm,dtype:float32,label:vllm-fp32}] out_dir=runs/diff-vllm
 
-Writes report.json, report.md and report.html into out_dir and prints a verdict table. Exit status: 0 pass or warn,
-1 fail, 2 configuration error.
+Writes report.json, report.md and report.html into out_dir and prints a verdict table. Exit status (README.md, "Exit
+codes"): 0 pass or warn, 3 fail, 2 configuration error, 1 an I/O error.
 """
 from __future__ import annotations
 
@@ -19,29 +19,39 @@ from rich.console import Console
 
 from pipeline.compare.stage import run_diff
 from pipeline.compare.tables import verdict_table
-from pipeline.config import ConfigError, exit_on_unknown_overrides, register_configs
+from pipeline.config import CONF_DIR, ConfigError, exit_on_bad_overrides, register_configs
+from pipeline.core.cli import ExitCode, os_error_text, run_command
 from pipeline.factory import build_step
 
 register_configs()
 log = logging.getLogger("pipeline.diff")
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def diff(cfg: DictConfig) -> None:
     try:
         build_step(cfg)  # the tiny model a recipe names, built when missing: the job's first step
         outcome = run_diff(cfg)
     except ConfigError as e:
         log.error("configuration error: %s", e)
-        sys.exit(2)
+        sys.exit(e.exit_code)
+    except OSError as e:  # e.g. a full disk under the report: one line, the traceback on request
+        log.debug("the error in full", exc_info=e)
+        log.error("diff stopped: %s (hydra.verbose=pipeline shows the traceback)", os_error_text(e))
+        sys.exit(ExitCode.FAILED)
     Console(width=160).print(verdict_table(outcome.result, outcome.report_dir.resolve()))
     for line in outcome.result.failures + outcome.result.warnings:
         print(f"  - {line}")
     print(f"report: {outcome.report_dir.resolve()}/report.html ({outcome.seconds:.1f}s)")
     if outcome.result.status == "fail":
-        sys.exit(1)
+        sys.exit(ExitCode.REFUSED)
+
+
+def main() -> int:
+    """`python -m pipeline.diff` and the console script `pipeline-diff`: overrides from sys.argv."""
+    exit_on_bad_overrides(sys.argv[1:])
+    return run_command(diff)
 
 
 if __name__ == "__main__":
-    exit_on_unknown_overrides(sys.argv[1:])
-    main()
+    sys.exit(main())

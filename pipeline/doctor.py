@@ -7,7 +7,8 @@ serving setup with what the shards hold (pipeline/drafts/) and names every misma
 weight names are proven by loading the draft into the server's own draft class in the engine's environment on CPU
 (`--no-load` skips that).
 
-Exit status: 0 nothing is MISMATCH or ERROR; 1 something is; 2 usage errors (a missing or unreadable file, named).
+Exit status (README.md, "Exit codes"): 0 nothing is MISMATCH or ERROR; 3 something is; 2 usage errors (a missing or
+unreadable file, named).
 """
 from __future__ import annotations
 
@@ -16,15 +17,11 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from pipeline.drafts.checkpoint import DraftError
+from pipeline.core.cli import ExitCode, UsageError, run_command
 from pipeline.drafts.examine import Request, examine
-from pipeline.drafts.flags import FlagsError
 from pipeline.drafts.load import check_weights, installed_version
 from pipeline.drafts.report import failed, render_json, render_text
 from pipeline.drafts.serving import SERVERS
-from pipeline.drafts.target import TargetError
-
-EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,20 +40,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def doctor(argv: Sequence[str] | None) -> ExitCode:
     args = _parser().parse_args(argv)
     if args.run is None and args.export is None and args.target is None:
-        print("error: name the target: --run RUN_DIR, --export EXPORT_DIR or --target MODEL_DIR", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError("name the target: --run RUN_DIR, --export EXPORT_DIR or --target MODEL_DIR")
     request = Request(draft=args.draft, serve=args.serve, run=args.run, export=args.export, target=args.target,
                       serve_version=args.serve_version or installed_version(args.serve), server_args=args.server_args)
-    try:
-        findings, context = examine(request, weights=None if args.no_load else check_weights)
-    except (DraftError, TargetError, FlagsError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    findings, context = examine(request, weights=None if args.no_load else check_weights)  # DraftError, TargetError...
     print(render_json(findings, context) if args.json else render_text(findings))
-    return EXIT_FOUND if failed(findings) else EXIT_OK
+    return ExitCode.REFUSED if failed(findings) else ExitCode.OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m pipeline.doctor` and the console script `pipeline-doctor`."""
+    return run_command(lambda: doctor(argv))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,14 @@
-"""`python -m pipeline.export RUN_DIR --format speculators|specforge --out OUT_DIR [--aux POINTS] [--last POINT]`.
+"""`python -m pipeline.export RUN_DIR --format speculators|specforge --out OUT_DIR [--aux POINTS [--convention C]]
+[--last POINT]`.
 
-Writes a finished, verified run in the layout a trainer reads as it is (pipeline/exports/). POINTS are canonical
-labels (b3,b31,b59); the defaults are the run's aux points (its boundaries between b0 and bN) and the last state the
-layout needs (speculators: bN; SpecForge: final_norm). A rerun completes a partial export.
+Writes a finished, verified run in the layout a trainer reads as it is (pipeline/exports/). POINTS are written as
+`capture.points` takes them: canonical labels or boundaries (b3,b31,b59 or [3,31,59]), or with `--convention` a
+framework's native ids, translated for the run's model as `capture.convention` is (--aux 2,30,58 --convention
+specforge is b3,b31,b59). The defaults are the run's aux points (its boundaries between b0 and bN) and the last state
+the layout needs (speculators: bN; SpecForge: final_norm). A rerun completes a partial export.
 
-Exit status: 0 exported (or already complete); 2 usage errors and runs that cannot satisfy the layout (one line).
+Exit status (README.md, "Exit codes"): 0 exported (or already complete); 2 usage errors and runs that cannot satisfy
+the layout; 3 a run that does not verify; 1 an I/O error (a rerun resumes); each one line.
 """
 from __future__ import annotations
 
@@ -14,31 +18,39 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from pipeline.core.cli import ExitCode, run_command
 from pipeline.exports.driver import export_run
 from pipeline.exports.formats import FORMATS, exporter_for
-from pipeline.exports.slots import ExportError
-
-EXIT_OK, EXIT_USAGE = 0, 2
-
-
-def _points(text: str) -> list[str]:
-    return [p.strip() for p in text.split(",") if p.strip()]
+from pipeline.exports.slots import aux_labels
+from pipeline.points import FRAMEWORKS, split_points
+from pipeline.shards.manifest import read_manifest
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline.export", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="a finished run directory (manifest.json + shards/)")
     parser.add_argument("--format", required=True, choices=sorted(FORMATS), help="the trainer layout")
     parser.add_argument("--out", required=True, type=Path, help="the export directory (new, or a partial export)")
-    parser.add_argument("--aux", type=_points, default=None, help="aux points, canonical labels: b3,b31,b59")
+    parser.add_argument("--aux", type=split_points, default=None,
+                        help="aux points as capture.points takes them: b3,b31,b59 or [3,31,59]")
+    parser.add_argument("--convention", default="canonical", choices=FRAMEWORKS,
+                        help="the numbering --aux is written in, as capture.convention (default: canonical)")
     parser.add_argument("--last", default=None, help="the last slot's point (must be the one the layout needs)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _aux(args: argparse.Namespace) -> list[str] | None:
+    if args.aux is None:
+        return None
+    # Native ids are translated by the run's model; canonical labels need no manifest (plan_slots checks them).
+    manifest = {} if args.convention == "canonical" else read_manifest(args.run_dir)
+    return aux_labels(args.aux, convention=args.convention, manifest=manifest)
+
+
+def export(argv: Sequence[str] | None) -> ExitCode:
+    args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    try:
-        result = export_run(args.run_dir, args.out, exporter_for(args.format), aux=args.aux, last=args.last)
-    except ExportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    result = export_run(args.run_dir, args.out, exporter_for(args.format), aux=_aux(args), last=args.last)
     slots = ", ".join(p.label for p in result.plan.points)
     if result.status == "complete":
         print(f"already complete: {result.out} ({args.format}, slots {slots}); nothing written")
@@ -46,7 +58,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"exported {result.written + result.skipped} samples to {result.out} ({args.format}, slots {slots}): "
               f"{result.written} written, {result.skipped} finished earlier, {result.bytes_written / 1e6:.1f} MB "
               f"in {result.seconds:.1f}s")
-    return EXIT_OK
+    return ExitCode.OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m pipeline.export` and the console script `pipeline-export`."""
+    return run_command(lambda: export(argv))
 
 
 if __name__ == "__main__":

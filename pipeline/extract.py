@@ -1,15 +1,15 @@
 """`python -m pipeline.extract [overrides]`: capture hidden states into verified, provenance-carrying shards."""
 from __future__ import annotations
 
-import errno
 import logging
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from pipeline.config import ConfigError, exit_on_unknown_overrides, register_configs
+from pipeline.config import CONF_DIR, ConfigError, exit_on_bad_overrides, register_configs
 from pipeline.core.claim import ClaimLost, DirBusy
+from pipeline.core.cli import ExitCode, os_error_text, run_command
 from pipeline.engines.base import EngineStartError
 from pipeline.factory import build_step
 from pipeline.run.gate import DiffGateError, describe, describe_storage
@@ -20,45 +20,42 @@ log = logging.getLogger("pipeline.extract")
 
 
 def os_error_line(e: OSError) -> str:
-    what = errno.errorcode.get(e.errno, "") if e.errno is not None else ""
-    where = f"{e.filename}: " if e.filename else ""
-    return (f"run stopped, no manifest written: {where}{e.strerror or e} ({what or type(e).__name__}); finished shards "
-            f"are kept: fix the cause and rerun the same command to resume (hydra.verbose=pipeline shows the "
-            f"traceback)")
+    return (f"run stopped, no manifest written: {os_error_text(e)}; finished shards are kept: fix the cause and rerun "
+            f"the same command to resume (hydra.verbose=pipeline shows the traceback)")
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def extract(cfg: DictConfig) -> None:
     try:
         build_step(cfg)  # the tiny model a recipe names, built when missing: the job's first step
         summary = run_extract(cfg)
     except ConfigError as e:
         log.error("configuration error: %s", e)
-        sys.exit(2)
+        sys.exit(e.exit_code)
     except EngineStartError as e:  # before any shard; the engine's traceback with hydra.verbose=pipeline
         log.debug("the engine's error in full", exc_info=e.__cause__)
         where = "hydra.verbose=pipeline shows" if e.__cause__ else "the engine actor's Ray log holds"
         log.error("%s; nothing was written (%s the engine's traceback)", e, where)
-        sys.exit(2)
+        sys.exit(e.exit_code)
     except DiffGateError as e:  # before any shard: the report says why
         log.error("stopped by the diff gate: %s", e)
-        sys.exit(3)
-    except DirBusy as e:  # nothing was touched
-        log.error("%s", e)
-        sys.exit(2)
+        sys.exit(e.exit_code)
     except NoValidRecords as e:
         log.error("%s", e)
-        sys.exit(2)
+        sys.exit(e.exit_code)
+    except DirBusy as e:  # nothing was touched
+        log.error("%s", e)
+        sys.exit(e.exit_code)
     except ClaimLost as e:
         log.error("run stopped, no manifest written: %s", e)
-        sys.exit(1)
+        sys.exit(e.exit_code)
     except OSError as e:  # a full disk, a read-only mount, a failing device: one line, the traceback on request
         log.debug("the error in full", exc_info=e)
         log.error("%s", os_error_line(e))
-        sys.exit(1)
+        sys.exit(ExitCode.FAILED)
     except RuntimeError as e:  # e.g. units that failed after all retries: the run stays unfinished (no manifest)
         log.error("run failed, no manifest written (rerun the same command to resume): %s", e)
-        sys.exit(1)
+        sys.exit(ExitCode.FAILED)
     print(f"run directory: {summary.out_dir.resolve()}")
     print(f"wrote {summary.num_samples} samples, {summary.num_tokens} tokens in {summary.num_shards} shard(s) "
           f"({summary.resumed_shards} finished earlier); {summary.num_rejects} rejected "
@@ -69,6 +66,11 @@ def main(cfg: DictConfig) -> None:
     print(f"check it with: python -m pipeline.verify {summary.out_dir}")
 
 
+def main() -> int:
+    """`python -m pipeline.extract` and the console script `pipeline-extract`: overrides from sys.argv."""
+    exit_on_bad_overrides(sys.argv[1:])
+    return run_command(extract)
+
+
 if __name__ == "__main__":
-    exit_on_unknown_overrides(sys.argv[1:])
-    main()
+    sys.exit(main())

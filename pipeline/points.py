@@ -87,6 +87,15 @@ def parse_points(values: Sequence[int | str], *, num_layers: int) -> list[Point]
     return canonical_order(parse_point(v, num_layers=num_layers) for v in values)
 
 
+def split_points(text: str) -> list[int | str]:
+    """A point list written on a command line as `capture.points=` takes it: `b3,b31,final_norm` or `[3, 31, 59]`
+    (brackets optional). A number is an int, as Hydra reads it (a boundary, or a native id under a convention); any
+    other entry stays a label for `parse_point` or `resolve` to judge."""
+    inner = text.strip().removeprefix("[").removesuffix("]")
+    entries = [e.strip() for e in inner.split(",") if e.strip()]
+    return [int(e) if re.fullmatch(r"-?\d+", e) else e for e in entries]
+
+
 def family_of(model_type: str) -> str:
     """The model class family whose native numbering applies (SGLang numbers Llama and DeepSeek differently)."""
     mt = model_type.lower()

@@ -25,6 +25,7 @@ from pipeline.compare.tables import (
     storage_rows,
     storage_title,
 )
+from pipeline.core.cli import ExitCode
 from pipeline.core.io import write_text_atomic
 from pipeline.shards.layout import REPORT_HTML
 
@@ -244,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         result = load(args.report_dir)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(ExitCode.USAGE)
     print(write_html(result, args.report_dir).resolve())
 
 

@@ -21,7 +21,7 @@ from pipeline.core.contracts import Dtype, EngineSpec
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _KEYS = ("name", "dtype", "label", "options", "batch_size", "tp_size", "model_path")
 _SPEC_FIELDS = {f.name for f in fields(EngineSpec)}
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the entry points' Hydra config_path
 
 
 class SpecError(ValueError):

@@ -16,7 +16,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from pipeline.config.closed import unknown_keys_message, unknown_override_keys
-from pipeline.config.entries import SpecError, parse_entries, parse_entry
+from pipeline.config.entries import CONF_DIR, SpecError, parse_entries, parse_entry
+from pipeline.core.cli import ExitCode, UsageError
 from pipeline.core.contracts import Dtype, EngineSpec
 from pipeline.models.built import models_root
 from pipeline.points import FRAMEWORKS
@@ -33,7 +34,7 @@ Convention = StrEnum("Convention", {v: v for v in FRAMEWORKS})
 COMPUTE_DTYPES = tuple(str(d) for d in Dtype if d != Dtype.auto)
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError, ValueError):
     """A configuration that cannot run; raised before any model is loaded, naming the field and the value."""
 
 
@@ -256,9 +257,6 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("tiny_model", _tiny_model_dir, replace=True)
 
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the entry points' config_path, ../conf of pipeline/
-
-
 def config_groups() -> list[str]:
     """conf/'s config groups (model, engine, exp, ...): `model=tiny_llama` chooses one, it sets no key."""
     return sorted(d.name for d in CONF_DIR.iterdir() if d.is_dir()) if CONF_DIR.is_dir() else []
@@ -270,7 +268,7 @@ def exit_on_unknown_overrides(argv: Sequence[str]) -> None:
     not Hydra's composition error (exit status 1) advising `+`."""
     if message := unknown_override_keys(ExtractConfig, argv, config_groups()):
         print(f"configuration error: {message}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(ExitCode.USAGE)
 
 
 def to_config(cfg: DictConfig) -> ExtractConfig:

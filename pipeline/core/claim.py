@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from pipeline.core.cli import RunFailed, UsageError
 from pipeline.core.io import FILE_MODE
 
 log = logging.getLogger(__name__)
@@ -34,11 +35,11 @@ HEARTBEAT_SECONDS = 10.0
 STALE_SECONDS = 60.0  # a lease not renewed for this long belongs to a dead or cut-off holder
 
 
-class DirBusy(RuntimeError):
-    """Another process holds the directory."""
+class DirBusy(UsageError):
+    """Another process holds the directory: nothing was touched, and the same command waits or fails again."""
 
 
-class ClaimLost(RuntimeError):
+class ClaimLost(RunFailed):
     """The directory's lease no longer carries this process's token: another process took it over."""
 
 

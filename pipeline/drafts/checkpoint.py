@@ -23,13 +23,14 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from pipeline.core.cli import UsageError
 from pipeline.core.io import read_json_object
 
 FORMATS = ("specforge", "speculators", "mla")
 _VOCAB_MAPS = ("d2t", "t2d")
 
 
-class DraftError(ValueError):
+class DraftError(UsageError, ValueError):
     """A draft directory that cannot be read: named file missing, not JSON, or no EAGLE-3 draft at all."""
 
 

@@ -16,8 +16,10 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.core.cli import UsageError
 
-class FlagsError(ValueError):
+
+class FlagsError(UsageError, ValueError):
     """--server-args that cannot be split into words."""
 
 

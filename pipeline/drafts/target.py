@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.cli import UsageError
 from pipeline.core.io import read_json_object
 from pipeline.models.info import text_config
 from pipeline.points import Point, PointError, parse_point
@@ -19,7 +20,7 @@ from pipeline.shards.manifest import ManifestError, read_manifest
 EXPORT_SIDECAR = "export.json"  # pipeline.exports.sidecar.SIDECAR (the doctor reads it, it does not import exports)
 
 
-class TargetError(ValueError):
+class TargetError(UsageError, ValueError):
     """A run, export or target directory that cannot be read (named)."""
 
 

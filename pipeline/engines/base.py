@@ -9,12 +9,13 @@ from __future__ import annotations
 import abc
 from typing import ClassVar, Sequence
 
+from pipeline.core.cli import UsageError
 from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, PreparedSample
 from pipeline.engines.options import EngineOptions
 from pipeline.points import Point
 
 
-class EngineStartError(RuntimeError):
+class EngineStartError(UsageError, RuntimeError):
     """The primary engine did not start, so nothing was written. Locally the chained exception holds the engine's
     traceback; on Ray, the actor's log does."""
 

@@ -18,7 +18,7 @@ from pipeline.core.io import atomic_path
 from pipeline.exports.base import Exporter, ExportSample
 from pipeline.exports.progress import ExportProgress
 from pipeline.exports.sidecar import build, claim, export_layout, finish, hold, plan_record, status
-from pipeline.exports.slots import ExportError, SlotPlan, plan_slots
+from pipeline.exports.slots import ExportError, RunDoesNotVerify, SlotPlan, plan_slots
 from pipeline.shards.layout import run_conflict
 from pipeline.shards.manifest import ManifestError, read_manifest
 from pipeline.shards.reader import RunReader
@@ -45,8 +45,8 @@ def _manifest(run_dir: Path) -> dict:
 
 def _verify(run_dir: Path) -> None:
     if problems := verify_run(run_dir):
-        raise ExportError(f"run {run_dir} does not verify ({len(problems)} problem(s), first: {problems[0]}); "
-                          f"see python -m pipeline.verify {run_dir}")
+        raise RunDoesNotVerify(f"run {run_dir} does not verify ({len(problems)} problem(s), first: "
+                               f"{problems[0]}); see python -m pipeline.verify {run_dir}")
 
 
 def _samples(reader: RunReader) -> Iterator[tuple[int, str, int]]:

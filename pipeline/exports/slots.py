@@ -9,15 +9,23 @@ from final_norm, and final_norm recomputed from bN would only be a claim about t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from pipeline.points import FINAL_NORM, Point, PointError, canonical_order, family_of, parse_point, to_native
+from pipeline.core.cli import ExitCode, Refused, UsageError
+from pipeline.points import (FINAL_NORM, Point, PointError, canonical_order, family_of, parse_point, resolve,
+                             to_native)
 
 LAST_BOUNDARY = "bN"  # the layout's last slot is the last decoder layer's output, before the final norm
 
 
-class ExportError(ValueError):
+class ExportError(UsageError, ValueError):
     """A run that cannot be exported in the asked layout, or an export directory that is not this export's."""
+
+
+class RunDoesNotVerify(Refused, ExportError):
+    """The run's own check failed: its exit code is verify's for the same run, not a usage error's."""
+
+    exit_code = ExitCode.REFUSED  # Refused's, stated: ExportError's USAGE is also among the bases
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +73,23 @@ def _parse(values: Sequence[str], num_layers: int, what: str) -> list[Point]:
         return [parse_point(v, num_layers=num_layers) for v in values]
     except PointError as exc:
         raise ExportError(f"{what}: {exc}") from None
+
+
+def aux_labels(values: Sequence[int | str], *, convention: str, manifest: Mapping[str, Any]) -> list[str]:
+    """`--aux` as capture.points takes it (canonical labels and boundaries, or a framework's native ids under
+    `convention`), as the canonical labels `plan_slots` reads, translated by the run's model as capture.points is."""
+    if convention == "canonical":
+        return [str(v) for v in values]  # plan_slots parses them against the run's points
+    model = (manifest.get("provenance") or {}).get("model") or {}
+    written = f"--aux {','.join(str(v) for v in values)} (--convention {convention})"
+    if not isinstance(num_layers := model.get("num_layers"), int):
+        raise ExportError(f"{written}: the run's manifest has no model.num_layers to translate native ids by")
+    try:
+        points = resolve(values, convention=convention, family=family_of(str(model.get("model_type"))),
+                         num_layers=num_layers)
+    except PointError as exc:
+        raise ExportError(f"{written}: {exc}") from None
+    return [p.label for p in points]
 
 
 def default_aux(run_points: Sequence[Point], num_layers: int) -> list[Point]:

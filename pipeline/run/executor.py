@@ -12,6 +12,7 @@ import abc
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
+from pipeline.core.cli import RunFailed
 from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, PreparedSample
 from pipeline.engines.base import Engine
 from pipeline.engines.registry import make_engine
@@ -23,7 +24,7 @@ T = TypeVar("T")
 OnDone = Callable[[UnitResult], None]
 
 
-class UnitsFailed(RuntimeError):
+class UnitsFailed(RunFailed, RuntimeError):
     """Some units could not be captured (after all retries); the run has no manifest."""
 
 

@@ -23,6 +23,7 @@ from pipeline.compare.report import write_html, write_report
 from pipeline.compare.serialize import summary
 from pipeline.compare.stage import compare, report_config
 from pipeline.config import ConfigError, ExtractConfig
+from pipeline.core.cli import Refused
 from pipeline.core.contracts import PreparedSample
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point
@@ -32,7 +33,7 @@ from pipeline.shards.layout import DIFF_DIR, REPORT_HTML  # DIFF_DIR: the gate's
 log = logging.getLogger(__name__)
 
 
-class DiffGateError(RuntimeError):
+class DiffGateError(Refused, RuntimeError):
     """The gate stopped the run; the message names what failed and where the report is."""
 
 

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from pipeline import provenance
 from pipeline.config import ConfigError, resolved_dict, to_config
+from pipeline.core.cli import UsageError
 from pipeline.data.mask import MaskOptions
 from pipeline.data.prepare import PreparedData, prepare, write_rejects
 from pipeline.data.remote_code import load_tokenizer
@@ -30,7 +31,7 @@ from pipeline.shards.storage import run_record
 log = logging.getLogger(__name__)
 
 
-class NoValidRecords(RuntimeError):
+class NoValidRecords(UsageError, RuntimeError):
     """The data holds no record that can be captured; nothing to run (the rejects say why)."""
 
 

@@ -10,13 +10,14 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from pipeline.core.cli import UsageError
 from pipeline.core.io import write_text_atomic
 from pipeline.shards import formats, layout
 
 REQUIRED_KEYS = ("format_version", "points", "hidden_size", "dtype", "shards", "num_samples", "num_tokens")
 
 
-class ManifestError(ValueError):
+class ManifestError(UsageError, ValueError):
     """The manifest is missing (an unfinished run) or cannot be read."""
 
 

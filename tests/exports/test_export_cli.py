@@ -1,7 +1,9 @@
-"""`python -m pipeline.export` as a user runs it: refusals (exit 2, one line naming what is wrong), a killed export
-that a rerun completes without rewriting finished files, a complete export left alone, an OUT holding another export."""
+"""`python -m pipeline.export` as a user runs it: refusals (exit 2, or 3 for a run that does not verify; one line
+naming what is wrong), a killed export that a rerun completes without rewriting finished files, a complete export left
+alone, an OUT holding another export."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -30,8 +32,8 @@ def killed_at(fmt, index):
     return {**os.environ, FAULT_ENV: f"kill@write:{name}"}
 
 
-def _one_line_error(proc) -> str:
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+def _one_line_error(proc, code: int = 2) -> str:
+    assert proc.returncode == code, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, proc.stderr
     return lines[0]
@@ -66,6 +68,23 @@ def test_specforge_refuses_other_than_three_aux_states(llama_run, tmp_path):
     assert "b2 not captured" in error
 
 
+def test_aux_is_written_as_capture_points_is(llama_run, tmp_path):
+    """--aux takes capture.points' syntax: canonical boundaries in brackets, or with --convention a framework's native
+    ids (SGLang numbers Llama's aux ids k = b(k+1)); both name the same slots, and an id past the model is named."""
+    canonical = export(llama_run, tmp_path / "canonical", "specforge", "--aux", "[1,3,5]")
+    native = export(llama_run, tmp_path / "native", "specforge", "--aux", "0,2,4", "--convention", "sglang")
+    for proc in (canonical, native):
+        assert proc.returncode == 0 and "slots b1, b3, b5, final_norm" in proc.stdout, proc.stdout + proc.stderr
+    slots = [json.loads((tmp_path / name / "export.json").read_text())["slots"] for name in ("canonical", "native")]
+    assert slots[0] == slots[1] and [s["point"] for s in slots[0]] == ["b1", "b3", "b5", "final_norm"]
+    error = _one_line_error(export(llama_run, tmp_path / "bad", "specforge", "--aux", "0,2,5", "--convention",
+                                   "sglang"))
+    assert error.startswith("error: --aux 0,2,5 (--convention sglang): sglang id 5 is out of range"), error
+    error = _one_line_error(export(llama_run, tmp_path / "bad", "specforge", "--aux", "b1,b3,x5"))
+    assert "capture point 'x5' is not understood" in error
+    assert not (tmp_path / "bad").exists()
+
+
 def test_a_run_that_does_not_verify_is_refused(llama_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(llama_run, run)
@@ -73,7 +92,7 @@ def test_a_run_that_does_not_verify_is_refused(llama_run, tmp_path):
     data = bytearray(shard.read_bytes())
     data[-100] ^= 0xFF
     shard.write_bytes(bytes(data))
-    error = _one_line_error(export(run, tmp_path / "out", "specforge"))
+    error = _one_line_error(export(run, tmp_path / "out", "specforge"), code=3)  # refused by a check, as in verify
     assert "does not verify" in error and shard.name in error and "python -m pipeline.verify" in error
     assert not (tmp_path / "out").exists()  # refused before anything is written
 

@@ -1,5 +1,5 @@
 """`python -m pipeline.verify` on a real finished run, tampered with in every way issue #16 found unchecked: each kind
-is exit status 1 and one stderr line naming the file and what is wrong; the untampered run verifies sound.
+is exit status 3 and one stderr line naming the file and what is wrong; the untampered run verifies sound.
 
 One real run per module (the HF engine on the tiny Kimi target, gate off, a zstd-compressed data file with two bad
 records, truncation to 96 tokens), copied for each case. It also shows truncation counted in the manifest and in
@@ -112,7 +112,7 @@ PROVENANCE_EDITS = {
 def test_an_edited_provenance_or_digest_is_named(run, capsys, kind):
     manifest = edit_manifest(run, PROVENANCE_EDITS[kind])
     status, errors = verify(run, capsys)
-    assert status == 1
+    assert status == 3
     assert any(line.startswith("manifest provenance_digest ") and f"!= {digest(manifest['provenance'])!r}, the "
                "digest of its provenance" in line for line in errors), errors
 
@@ -122,7 +122,7 @@ def test_an_edit_with_its_digest_recomputed_is_named_against_the_start_record(ru
     before = json.loads((run / "run.json").read_text())["config"]["data"][field]
     edit_manifest(run, lambda m: (m["provenance"]["config"]["data"].update({field: value}), _recompute_digest(m)))
     status, errors = verify(run, capsys)
-    assert status == 1
+    assert status == 3
     assert f"manifest provenance data.{field} {value!r} != {before!r} in run.json, the record the run started " \
            "from" in errors
 
@@ -141,21 +141,21 @@ def test_edited_reject_counts_are_named(run, capsys, kind):
     edit, line = REJECT_EDITS[kind]
     edit_manifest(run, edit)
     status, errors = verify(run, capsys)
-    assert status == 1 and line in errors, errors
+    assert status == 3 and line in errors, errors
 
 
 def test_capture_rejects_under_rejects_are_counted(run, capsys):
     (run / "rejects").mkdir()
     shutil.copy(run / "rejects.parquet", run / "rejects" / "shard-00001.parquet")  # as if unit 1 had rejected two
     status, errors = verify(run, capsys)
-    assert status == 1
+    assert status == 3
     assert "manifest rejects total=2 but rejects.parquet and rejects/ hold 4 rejects" in errors
 
 
 def test_an_edited_truncation_count_is_named(run, capsys):
     manifest = edit_manifest(run, lambda m: m.update(num_truncated=m["num_truncated"] + 1))
     status, errors = verify(run, capsys)
-    assert status == 1
+    assert status == 3
     assert errors[0] == (f"manifest num_truncated={manifest['num_truncated']} but its shards hold "
                          f"{manifest['num_truncated'] - 1} truncated samples")
 
@@ -173,7 +173,7 @@ def test_a_listed_path_into_another_run_is_named(run, capsys):
     _move_to_other_run(run)
     relist(run, 0, ST0, f"../other-run/{ST0}")
     status, errors = verify(run, capsys)
-    assert (status, errors[:-1]) == (1, [f"shard-00000: listed file ../other-run/{ST0} leaves the run directory (a "
+    assert (status, errors[:-1]) == (3, [f"shard-00000: listed file ../other-run/{ST0} leaves the run directory (a "
                                          "'..' component)"])
 
 
@@ -181,7 +181,7 @@ def test_an_absolute_listed_path_is_named(run, capsys):
     other = _move_to_other_run(run)
     relist(run, 0, ST0, str(other / ST0))
     status, errors = verify(run, capsys)
-    assert (status, errors[:-1]) == (1, [f"shard-00000: listed file {other / ST0} is an absolute path: files are "
+    assert (status, errors[:-1]) == (3, [f"shard-00000: listed file {other / ST0} is an absolute path: files are "
                                          "listed relative to the run directory"])
 
 
@@ -190,7 +190,7 @@ def test_a_symlinked_shard_is_named(run, capsys):
     shutil.move(run / ST1, elsewhere)
     os.symlink(elsewhere, run / ST1)  # the same bytes, but not the run's to vouch for
     status, errors = verify(run, capsys)
-    assert status == 1
+    assert status == 3
     assert errors[0] == (f"symlink {ST1} -> {elsewhere} in the run directory: a run's files are regular files in "
                          "it"), errors
 
@@ -211,7 +211,7 @@ def test_a_shard_only_the_pipelines_own_parser_reads_is_named(run, capsys):
 def test_a_stray_user_file_in_the_run_root_is_named(run, capsys):
     (run / "notes.txt").write_text("my notes\n")
     status, errors = verify(run, capsys)
-    assert status == 1
+    assert status == 3
     assert errors[0] == "unknown file notes.txt in the run directory: not a file a run writes", errors
 
 
@@ -219,7 +219,7 @@ def test_a_stray_user_file_in_the_run_root_is_named(run, capsys):
 def test_a_stale_temp_file_is_named(run, capsys, name):
     (run / name).write_bytes((run / "manifest.json").read_bytes()[:100])  # as a kill during the write leaves it
     status, errors = verify(run, capsys)
-    assert status == 1
+    assert status == 3
     assert errors[0] == f"stale temp file {name}: left by an interrupted write (a finished run has none); remove it"
 
 
@@ -242,7 +242,7 @@ def test_the_cli_names_a_tampered_run_on_stderr(run):
     (run / "notes.txt").write_text("x")
     bad_sha = sha256_file(run / "manifest.json")
     proc = cli("pipeline.verify", str(run))
-    assert proc.returncode == 1
+    assert proc.returncode == 3
     assert proc.stderr.splitlines() == ["unknown file notes.txt in the run directory: not a file a run writes",
                                         f"1 problem(s) in {run}"]
     assert sha256_file(run / "manifest.json") == bad_sha  # verify reads, never writes

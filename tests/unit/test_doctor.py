@@ -311,7 +311,7 @@ def test_cli_lines_summary_and_exit_status(tmp_path, llama, models_root, capsys)
                         "--server-args", SGLANG_ARGS + " --attention-backend sdpa"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert all(line.split()[0] in ("OK", "WARN") for line in lines[:-1]) and lines[-1].startswith("SUMMARY")
-    assert doctor.main(["--draft", str(draft), "--serve", "vllm", "--run", str(run), "--no-load", "--json"]) == 1
+    assert doctor.main(["--draft", str(draft), "--serve", "vllm", "--run", str(run), "--no-load", "--json"]) == 3
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is False and report["counts"]["MISMATCH"] >= 1
     assert {c["check"] for c in report["checks"]} >= {"aux-ids", "fc-width", "d2t", "vocab", "final-norm"}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.exports.slots import ExportError, plan_slots, serving_ids
+from pipeline.exports.slots import ExportError, aux_labels, plan_slots, serving_ids
 from pipeline.exports.specforge import LAYOUT as SPECFORGE
 from pipeline.exports.speculators import LAYOUT as SPECULATORS
 
@@ -67,3 +67,35 @@ def test_serving_ids_of_a_model_without_a_known_numbering_say_why():
     plan = plan_slots(SPECULATORS, run_points=KIMI, num_layers=8)
     ids = serving_ids(plan, model_type="mamba", num_layers=8)
     assert ids["vllm"]["aux_layer_ids"] is None and "mamba" in ids["vllm"]["error"]
+
+
+def _manifest(model_type: str = "kimi_k25", num_layers: int = 8) -> dict:
+    return {"provenance": {"model": {"model_type": model_type, "num_layers": num_layers}}}
+
+
+def test_aux_in_a_frameworks_native_ids_is_translated_by_the_runs_model():
+    assert aux_labels([0, 3, 6], convention="specforge", manifest=_manifest()) == ["b1", "b4", "b7"]
+    assert aux_labels([1, 4, 7], convention="vllm", manifest=_manifest()) == ["b1", "b4", "b7"]
+    plan = plan_slots(SPECFORGE, run_points=KIMI, num_layers=8,
+                      aux=aux_labels([0, 3, 6], convention="specforge", manifest=_manifest()))
+    assert [p.label for p in plan.aux] == ["b1", "b4", "b7"]
+
+
+def test_canonical_aux_is_left_to_the_slot_plan_as_written():
+    assert aux_labels(["b1", 4, "last"], convention="canonical", manifest={}) == ["b1", "4", "last"]
+
+
+@pytest.mark.parametrize("values, convention, said", [
+    ([1, 4, 7], "sglang", "sglang id 7 is out of range for a 8-layer model"),  # a DeepSeek list from 1 moves by +1
+    (["b1", 4], "specforge", "specforge id 'b1' is not an integer"),
+    ([0, 3, 99], "specforge", "specforge id 99 is out of range"),
+])
+def test_a_native_id_that_names_no_point_is_named(values, convention, said):
+    with pytest.raises(ExportError, match=said) as caught:
+        aux_labels(values, convention=convention, manifest=_manifest())
+    assert str(caught.value).startswith(f"--aux {','.join(map(str, values))} (--convention {convention}): ")
+
+
+def test_native_aux_needs_the_runs_layer_count():
+    with pytest.raises(ExportError, match="no model.num_layers"):
+        aux_labels([0, 3, 6], convention="specforge", manifest={"provenance": {}})

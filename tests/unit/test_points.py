@@ -7,6 +7,7 @@ from pipeline.points import (
     from_native,
     parse_points,
     resolve,
+    split_points,
     to_native,
 )
 
@@ -108,3 +109,18 @@ def test_unknown_framework_and_family():
         resolve([1], convention="tensorrt", family="deepseek", num_layers=N)
     with pytest.raises(PointError, match="family 'mamba'"):
         to_native([B(1)], framework="sglang", family="mamba", num_layers=N)
+
+
+@pytest.mark.parametrize("text, values", [
+    ("b3,b31,final_norm", ["b3", "b31", "final_norm"]),
+    ("[3, 31, 59]", [3, 31, 59]),
+    (" embed , 7 ,last", ["embed", 7, "last"]),
+    ("-1,2", [-1, 2]),  # TensorRT-LLM's post-norm id is -1
+])
+def test_a_point_list_on_a_command_line_reads_as_hydra_reads_capture_points(text, values):
+    assert split_points(text) == values
+
+
+def test_a_command_line_point_list_resolves_as_capture_points_does():
+    assert labels(resolve(split_points("[2,30,58]"), convention="specforge", family="deepseek", num_layers=N)) == \
+        labels(resolve([2, 30, 58], convention="specforge", family="deepseek", num_layers=N)) == ["b3", "b31", "b59"]

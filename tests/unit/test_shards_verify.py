@@ -147,7 +147,7 @@ def test_cli_exit_codes(tmp_path):
     assert ok.returncode == 0 and ok.stdout.startswith("sound: ") and "3 samples, 10 tokens" in ok.stdout
     (run / "shards/extra.bin").write_bytes(b"x")
     bad = _cli(run)
-    assert bad.returncode == 1 and "unlisted file shards/extra.bin in shards/" in bad.stderr
+    assert bad.returncode == 3 and "unlisted file shards/extra.bin in shards/" in bad.stderr
     missing = _cli(tmp_path / "nowhere")
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     (tmp_path / "half").mkdir()

@@ -1,0 +1,162 @@
+"""Every entry point's exit codes (pipeline/core/cli.py; the table in README.md, "Exit codes"), from the real commands
+on real files: each kind of outcome has the same code in every command, said in one line without a traceback.
+
+    0 OK   1 FAILED (a runtime cause: rerun resumes)   2 USAGE (arguments, configuration, input)
+    3 REFUSED (a check said no)   130 / 143 Ctrl-C / SIGTERM
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.cli import INTERRUPTED_LINE, ExitCode
+from tests.helpers import REPO
+from tests.helpers.cli import cli
+from tests.helpers.drafts import make_draft
+from tests.helpers.runs import SMALL, env_with, extract, output, wait_for_step
+
+pytestmark = pytest.mark.reliability
+PROBE = ("diff.probe.num_samples=3", "diff.probe.max_tokens=64")
+TIGHT = "diff.thresholds.bfloat16.rel_l2=0"  # bf16 rounding alone is above it: a comparison cannot pass
+
+
+def said(done: subprocess.CompletedProcess, text: str) -> str:
+    """The one line holding `text`; nothing printed a traceback."""
+    lines = [line for line in output(done).splitlines() if text in line]
+    assert len(lines) == 1 and "Traceback" not in output(done), output(done)[-3000:]
+    return lines[0]
+
+
+def tampered(run: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "tampered"
+    shutil.copytree(run, copy)
+    (copy / "notes.txt").write_text("not a file a run writes")
+    return copy
+
+
+@pytest.mark.parametrize("overrides, fault, code, line", [
+    (("runner.max_tokens_per_shard=abc",), None, ExitCode.USAGE,
+     "configuration error: Error merging override runner.max_tokens_per_shard=abc"),
+    (("engine=nosuch",), None, ExitCode.USAGE, "configuration error: In 'config': Could not find 'engine/nosuch'"),
+    ((TIGHT, "data.limit=6"), None, ExitCode.REFUSED, "stopped by the diff gate"),
+    (SMALL, "enospc@write:run.json", ExitCode.FAILED, "No space left on device (ENOSPC)"),
+], ids=["wrong-type", "no-such-group-option", "gate", "full-disk"])
+def test_extract(tmp_path, overrides, fault, code, line):
+    done = extract(tmp_path / "run", *overrides, fault=fault)
+    assert done.returncode == code, output(done)[-3000:]
+    said(done, line)
+    assert not (tmp_path / "run" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("overrides, fault, code, line", [
+    (PROBE, None, ExitCode.OK, "report.html ("),  # bf16 against float32 on the tiny default: a warning, no failure
+    (("diff.points=some",), None, ExitCode.USAGE, "configuration error: diff.points='some'"),
+    ((*PROBE, TIGHT), None, ExitCode.REFUSED, "report.html ("),
+    (PROBE, "enospc@write:report.json", ExitCode.FAILED, "report.json: No space left on device (ENOSPC)"),
+], ids=["pass-or-warn", "config", "comparison-failed", "full-disk"])
+def test_diff(tmp_path, overrides, fault, code, line):
+    done = cli("pipeline.diff", f"out_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'logs'}", *overrides,
+               env={"PIPELINE_FAULT": fault} if fault else None)
+    assert done.returncode == code, output(done)[-3000:]
+    said(done, line)
+
+
+def test_verify(finished, tmp_path):
+    assert cli("pipeline.verify", str(finished)).returncode == ExitCode.OK
+    (tmp_path / "half").mkdir()
+    unfinished = cli("pipeline.verify", str(tmp_path / "half"))
+    assert unfinished.returncode == ExitCode.USAGE and said(unfinished, "error: unfinished run")
+    refused = cli("pipeline.verify", str(tampered(finished, tmp_path)))
+    assert refused.returncode == ExitCode.REFUSED and said(refused, "unknown file notes.txt")
+
+
+def test_export(finished, tmp_path):
+    def export(run: Path, out: str, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:
+        return cli("pipeline.export", str(run), "--format", "specforge", "--out", str(tmp_path / out), *args,
+                   env={"PIPELINE_FAULT": fault} if fault else None)
+
+    assert export(finished, "ok").returncode == ExitCode.OK
+    usage = export(finished, "usage", "--aux", "b2,b4,b7")  # the run captured b1, b4, b7
+    assert usage.returncode == ExitCode.USAGE and said(usage, "error: --aux: b2 not captured")
+    refused = export(tampered(finished, tmp_path), "refused")
+    assert refused.returncode == ExitCode.REFUSED and said(refused, "does not verify")
+    failed = export(finished, "failed", fault="enospc@write:data_*.ckpt")
+    assert failed.returncode == ExitCode.FAILED
+    assert said(failed, "No space left").startswith("error: ") and "data_0000000000.ckpt: " in said(failed, "ENOSPC")
+    resumed = export(finished, "failed")
+    assert resumed.returncode == ExitCode.OK and "finished earlier" in resumed.stdout, output(resumed)
+
+
+def test_doctor(models_root, tmp_path):
+    llama = json.loads((models_root / "tiny-llama" / "config.json").read_text())
+    fits = make_draft(tmp_path / "fits", llama, aux_ids=[0, 2, 4], draft_vocab=1024)
+    other_vocab = make_draft(tmp_path / "other", llama, aux_ids=[0, 2, 4], draft_vocab=1024, vocab_size=5000)
+
+    def doctor(*args: str) -> subprocess.CompletedProcess:
+        return cli("pipeline.doctor", "--serve", "sglang", "--no-load", *args)
+
+    target = ("--target", str(models_root / "tiny-llama"))
+    assert doctor("--draft", str(fits), *target).returncode == ExitCode.OK
+    refused = doctor("--draft", str(other_vocab), *target)
+    assert refused.returncode == ExitCode.REFUSED and said(refused, "MISMATCH vocab")
+    usage = doctor("--draft", str(fits))
+    assert usage.returncode == ExitCode.USAGE and said(usage, "error: name the target")
+
+
+def _interruptible(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    # SIGINT back to its default: a shell without job control starts background jobs (and their children) ignoring it
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _stop_at(cmd: list[str], step: str, signum: int, tmp_path: Path) -> tuple[int, str]:
+    """Run `cmd` until it reaches the write step `step` (held there by a pause fault), send `signum`: (code, stderr)."""
+    trace = tmp_path / "steps.txt"
+    env = env_with(PIPELINE_FAULT=f"pause={tmp_path / 'never'}@{step}", PIPELINE_FAULT_TRACE=str(trace))
+    proc = _interruptible(cmd, env)
+    wait_for_step(trace, step, proc)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, ExitCode.INTERRUPTED), (signal.SIGTERM, ExitCode.TERMINATED)])
+def test_extract_interrupted(tmp_path, signum, code):
+    cmd = [sys.executable, "-m", "pipeline.extract", f"out_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path}/logs",
+           *SMALL]
+    returncode, err = _stop_at(cmd, "write:run.json", signum, tmp_path)
+    assert (returncode, err.splitlines()[-1:]) == (code, [INTERRUPTED_LINE]), err[-3000:]
+    assert "Traceback" not in err and not (tmp_path / "run" / "manifest.json").exists()
+
+
+def test_export_terminated_then_resumed(finished, tmp_path):
+    cmd = [sys.executable, "-m", "pipeline.export", str(finished), "--format", "specforge", "--out",
+           str(tmp_path / "out")]
+    returncode, err = _stop_at(cmd, "write:data_0000000001.ckpt", signal.SIGTERM, tmp_path)
+    assert (returncode, err.splitlines()[-1:]) == (ExitCode.TERMINATED, [INTERRUPTED_LINE]), err[-3000:]
+    assert "Traceback" not in err
+    resumed = subprocess.run(cmd, cwd=REPO, env=env_with(), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == ExitCode.OK and "1 finished earlier" in resumed.stdout, output(resumed)
+
+
+@pytest.mark.parametrize("module", ["pipeline.extract", "pipeline.diff"])
+@pytest.mark.parametrize("override, line", [
+    ("runer.x=1", "configuration error: unknown config key runer (did you mean runner?)"),
+    ("engine=nosuch", "configuration error: In 'config': Could not find 'engine/nosuch'"),
+])
+def test_main_called_directly_is_as_strict_as_python_m(tmp_path, module, override, line):
+    """Not only under `if __name__ == "__main__"`: main() itself checks the overrides, and finds its config from any
+    directory (PYTHONPATH: this checkout's code, whichever checkout the environment's editable install is)."""
+    done = subprocess.run([sys.executable, "-c", f"from {module} import main; main()", override,
+                           f"out_dir={tmp_path / 'out'}"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == ExitCode.USAGE, output(done)[-3000:]
+    assert said(done, "configuration error").startswith(line)
+    assert not (tmp_path / "out").exists()
