@@ -73,9 +73,9 @@ class ProbeRun:
         """The engine as resolved, for reports."""
         return {**self.spec.describe(), "model_path": self.model_path}
 
-    def make(self, num_layers: int) -> Engine:
+    def make(self, num_layers: int, max_seq_len: int | None = None) -> Engine:
         return make_engine(self.spec, model_path=self.model_path, points=self.points, num_layers=num_layers,
-                           trust_remote_code=self.trust_remote_code)
+                           trust_remote_code=self.trust_remote_code, max_seq_len=max_seq_len)
 
     @property
     def ok(self) -> bool:
@@ -146,7 +146,7 @@ def probe_engine(run: ProbeRun, samples: Sequence[PreparedSample], probe: ProbeC
     t0 = time.perf_counter()
     run.ran_on = f"{socket.gethostname()} pid {os.getpid()}"
     try:
-        engine = run.make(num_layers)
+        engine = run.make(num_layers, max_seq_len=max((s.num_tokens for s in samples), default=None))
         try:
             engine.start()
             run.seconds["start"] = time.perf_counter() - t0

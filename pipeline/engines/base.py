@@ -37,7 +37,7 @@ class Engine(abc.ABC):
     options_type: ClassVar[type[EngineOptions] | None] = EngineOptions
 
     def __init__(self, spec: EngineSpec, *, model_path: str, points: Sequence[Point], num_layers: int,
-                 trust_remote_code: bool = False) -> None:
+                 trust_remote_code: bool = False, max_seq_len: int | None = None) -> None:
         self.spec = spec
         self.model_path = model_path
         # model.trust_remote_code: whether the checkpoint's own Python files (auto_map) may run where it is loaded.
@@ -47,6 +47,9 @@ class Engine(abc.ABC):
         self.opts = self.options_type.parse(self.options, engine=spec.name) if self.options_type else None
         self.points = list(points)
         self.num_layers = num_layers
+        # The longest sequence (tokens) the run will send, when the caller knows it: an adapter may size its context
+        # and caches from it (vLLM does) instead of from the checkpoint's far longer context.
+        self.max_seq_len = max_seq_len
 
     @abc.abstractmethod
     def start(self) -> None:
