@@ -25,6 +25,13 @@ def error_summary(e: BaseException) -> str:
     return " ".join(summary.split())
 
 
+def first_line(e: BaseException) -> str:
+    """The error's first non-blank line (`Type: message`, or an engine worker's summary): what a report names, where
+    the whole message can be a traceback from another process."""
+    summary = getattr(e, "summary", None) or f"{type(e).__name__}: {e}"
+    return next((line.strip() for line in summary.splitlines() if line.strip()), type(e).__name__)
+
+
 class Engine(abc.ABC):
     """One loaded model in one framework. Use as a context manager: `with engine: engine.capture(...)`."""
 
