@@ -190,7 +190,9 @@ class Analysis:
         result = DiffResult(status="pass", reference=self.reference, runs=list(self.runs.values()),
                             thresholds={k: dataclasses.asdict(v) for k, v in self.cfg.thresholds.items()})
         for r in self.runs.values():
-            if r.error:
+            if r.start_failed:  # nothing was compared with it: not a numerics or convention finding
+                result.failures.append(f"engine {r.label} failed to start: {r.error}")
+            elif r.error:
                 result.failures.append(f"engine {r.label} did not run: {r.error}")
         ok = [r for r in self.runs.values() if r.ok]
         ref = self.runs[self.reference]

@@ -20,7 +20,7 @@ import torch
 
 from pipeline.config import ProbeConfig
 from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, PreparedSample
-from pipeline.engines.base import Engine
+from pipeline.engines.base import Engine, first_line
 from pipeline.engines.registry import make_engine
 from pipeline.points import Point
 from pipeline.shards.validate import check_capture
@@ -65,7 +65,8 @@ class ProbeRun:
     repeats: list[list[torch.Tensor]] = field(default_factory=list)
     alone: dict[int, torch.Tensor] = field(default_factory=dict)  # probe index -> capture alone
     seconds: dict[str, float] = field(default_factory=dict)
-    error: str | None = None
+    error: str | None = None  # the error's first line (the log has its traceback)
+    failed_at: str | None = None  # make | start | probe: which step of probe_engine raised `error`
     ran_on: str | None = None  # host and process that started the engine (on a cluster: which node)
 
     @property
@@ -73,9 +74,13 @@ class ProbeRun:
         """The engine as resolved, for reports."""
         return {**self.spec.describe(), "model_path": self.model_path}
 
-    def make(self, num_layers: int) -> Engine:
+    def make(self, num_layers: int, max_seq_len: int | None = None) -> Engine:
         return make_engine(self.spec, model_path=self.model_path, points=self.points, num_layers=num_layers,
-                           trust_remote_code=self.trust_remote_code)
+                           trust_remote_code=self.trust_remote_code, max_seq_len=max_seq_len)
+
+    @property
+    def start_failed(self) -> bool:
+        return self.failed_at == "start"
 
     @property
     def ok(self) -> bool:
@@ -142,21 +147,25 @@ def capture_probe(run: ProbeRun, engine: Probeable, samples: Sequence[PreparedSa
 
 def probe_engine(run: ProbeRun, samples: Sequence[PreparedSample], probe: ProbeConfig, *, num_layers: int,
                  hidden_size: int) -> ProbeRun:
-    """Make the run's engine, start it, probe it, close it. Errors are recorded in the run, not raised."""
+    """Make the run's engine, start it, probe it, close it. Errors are recorded in the run (with the step that
+    raised them), not raised."""
     t0 = time.perf_counter()
     run.ran_on = f"{socket.gethostname()} pid {os.getpid()}"
+    step = "make"
     try:
-        engine = run.make(num_layers)
+        engine = run.make(num_layers, max_seq_len=max((s.num_tokens for s in samples), default=None))
         try:
+            step = "start"
             engine.start()
             run.seconds["start"] = time.perf_counter() - t0
+            step = "probe"
             capture_probe(run, engine, samples, probe, hidden_size=hidden_size)
         finally:
             t1 = time.perf_counter()
             engine.close()
             run.seconds["close"] = time.perf_counter() - t1
     except Exception as e:  # recorded: the report names the engine and the error; the verdict fails
-        run.error = f"{type(e).__name__}: {e}"
-        log.error("engine %s failed: %s\n%s", run.label, run.error, traceback.format_exc())
+        run.error, run.failed_at = first_line(e), step
+        log.error("engine %s failed (%s): %s\n%s", run.label, step, run.error, traceback.format_exc())
     run.seconds["total"] = time.perf_counter() - t0
     return run

@@ -41,7 +41,7 @@ def _spec(config: dict[str, Any]) -> EngineSpec:
 
 def _engine(run: ProbeRun) -> dict[str, Any]:
     return {"label": run.label, "role": run.role, "config": run.config, "points": run.labels, "info": run.info,
-            "error": run.error, "ran_on": run.ran_on, "seconds": {k: round(v, 3) for k, v in run.seconds.items()}}
+            "error": run.error, "failed_at": run.failed_at, "ran_on": run.ran_on, "seconds": {k: round(v, 3) for k, v in run.seconds.items()}}
 
 
 def _pair(pair: PairResult) -> dict[str, Any]:
@@ -107,7 +107,7 @@ def from_dict(data: dict[str, Any]) -> DiffResult:
         raise ValueError(f"format {data.get('format')!r} is not a {FORMAT} report")
     num_layers = data["model"]["num_layers"]
     runs = [ProbeRun(label=e["label"], role=e["role"], spec=_spec(e["config"]), model_path=e["config"].get("model_path"),
-                     info=e["info"], error=e["error"],
+                     info=e["info"], error=e["error"], failed_at=e.get("failed_at"),
                       ran_on=e.get("ran_on"), seconds=e["seconds"],
                       points=parse_points(e["points"], num_layers=num_layers))
             for e in data["engines"]]

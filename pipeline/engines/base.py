@@ -26,6 +26,13 @@ def error_summary(e: BaseException) -> str:
     return " ".join(summary.split())
 
 
+def first_line(e: BaseException) -> str:
+    """The error's first non-blank line (`Type: message`, or an engine worker's summary): what a report names, where
+    the whole message can be a traceback from another process."""
+    summary = getattr(e, "summary", None) or f"{type(e).__name__}: {e}"
+    return next((line.strip() for line in summary.splitlines() if line.strip()), type(e).__name__)
+
+
 class Engine(abc.ABC):
     """One loaded model in one framework. Use as a context manager: `with engine: engine.capture(...)`."""
 
@@ -38,7 +45,7 @@ class Engine(abc.ABC):
     options_type: ClassVar[type[EngineOptions] | None] = EngineOptions
 
     def __init__(self, spec: EngineSpec, *, model_path: str, points: Sequence[Point], num_layers: int,
-                 trust_remote_code: bool = False) -> None:
+                 trust_remote_code: bool = False, max_seq_len: int | None = None) -> None:
         self.spec = spec
         self.model_path = model_path
         # model.trust_remote_code: whether the checkpoint's own Python files (auto_map) may run where it is loaded.
@@ -48,6 +55,9 @@ class Engine(abc.ABC):
         self.opts = self.options_type.parse(self.options, engine=spec.name) if self.options_type else None
         self.points = list(points)
         self.num_layers = num_layers
+        # The longest sequence (tokens) the run will send, when the caller knows it: an adapter may size its context
+        # and caches from it (vLLM does) instead of from the checkpoint's far longer context.
+        self.max_seq_len = max_seq_len
 
     @abc.abstractmethod
     def start(self) -> None:

@@ -34,12 +34,17 @@ class Executor(abc.ABC):
         self.spec = spec
         self.model_path, self.points, self.num_layers = model_path, list(points), num_layers
         self.trust_remote_code = trust_remote_code
+        self.max_seq_len: int | None = None  # set by `expect` once the data is prepared
         self.make_engine()  # constructing loads nothing; an engine whose adapter or environment is absent fails here
+
+    def expect(self, samples: Sequence[PreparedSample]) -> None:
+        """Tell the engines (before they start) the longest sequence they will be sent: the run's samples."""
+        self.max_seq_len = max((s.num_tokens for s in samples), default=None)
 
     def make_engine(self) -> Engine:
         """One replica's engine, not started (also what a Ray actor calls, in its own process)."""
         return make_engine(self.spec, model_path=self.model_path, points=self.points, num_layers=self.num_layers,
-                           trust_remote_code=self.trust_remote_code)
+                           trust_remote_code=self.trust_remote_code, max_seq_len=self.max_seq_len)
 
     @abc.abstractmethod
     def __enter__(self) -> "Executor":

@@ -25,6 +25,7 @@ from pipeline.compare.stage import compare, report_config
 from pipeline.config import ConfigError, ExtractConfig
 from pipeline.core.cli import Refused
 from pipeline.core.contracts import PreparedSample
+from pipeline.engines.base import first_line
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point
 from pipeline.run.executor import Executor
@@ -113,6 +114,9 @@ class DiffGate:
             self.runs.append(executor.run_beside(probe_engine, run, self.samples, once,
                                                  num_layers=self.model.num_layers, hidden_size=self.model.hidden_size))
         self.seconds["references"] = time.perf_counter() - t0
+        if self.cfg.diff.gate == "stop" and any(r.start_failed for r in self.runs):
+            # Nothing to hold the primary against: stop before it starts (on a real model, minutes of loading).
+            self._conclude(self.runs)
 
     def check(self, executor: Executor) -> GateOutcome:
         """Probe the started primary engine through its executor, compare, write the report; stop (raise
@@ -124,10 +128,15 @@ class DiffGate:
         try:
             capture_probe(run, executor, self.samples, c.diff.gate_probe, hidden_size=self.model.hidden_size)
         except Exception as e:  # the report says so and the gate fails
-            run.error = f"{type(e).__name__}: {e}"
+            run.error, run.failed_at = first_line(e), "probe"
+        self.seconds["primary probe"] = time.perf_counter() - t0
+        return self._conclude([*self.runs, run])
+
+    def _conclude(self, runs: list[ProbeRun]) -> GateOutcome:
+        """Compare the probed runs, write the report; stop (raise DiffGateError) or warn when the verdict fails."""
         t1 = time.perf_counter()
-        self.seconds["primary probe"] = t1 - t0
-        result = compare([*self.runs, run], reference=self.others[0].label, model=self.model, samples=self.samples,
+        c = self.cfg
+        result = compare(runs, reference=self.others[0].label, model=self.model, samples=self.samples,
                          cfg=c.diff, storage_dtype=c.runner.storage_dtype)
         t2 = time.perf_counter()
         self.seconds["analysis"] = t2 - t1
@@ -171,6 +180,12 @@ def _where(report_dir: Path) -> str:
 
 
 def _stop_message(result: DiffResult, report_dir: Path) -> str:
+    unstarted = [r for r in result.runs if r.start_failed]
+    if unstarted:
+        return ("the diff gate could not compare the engines, before any shard was written:\n"
+                + "\n".join(f"  - engine {r.label} ({r.role}) failed to start: {r.error}" for r in unstarted) + "\n"
+                + _where(report_dir) + "\nfix what stops that engine from starting (its options are in "
+                "diff.reference / diff.gate_engines), or pass diff.gate=warn to capture without it")
     shown = result.failures[:4]
     more = f"\n  ... and {len(result.failures) - len(shown)} more" if len(result.failures) > len(shown) else ""
     return ("the diff gate found the primary engine out of line with the reference, before any shard was written:\n"

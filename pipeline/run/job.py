@@ -138,6 +138,7 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
         if not prepared.samples:
             raise _no_valid_records(run, prepared, plan)
         gate.probe_references(prepared.samples, executor)  # the reference engines: started, probed, closed
+        executor.expect(prepared.samples)  # engines may size their caches from the longest sample
         with executor:  # the primary starts once: the gate probes it, then it captures the run
             outcome = gate.check(executor)  # may stop the run: no shard yet
             outdir.prepare(run.out_dir, record, plan)

@@ -106,7 +106,8 @@ class RayExecutor(Executor):
             max_concurrency=self._units_per_actor)
         # What an actor builds its replica from (picklable; the executor itself holds Ray handles).
         make = partial(make_engine, self.spec, model_path=self.model_path, points=self.points,
-                       num_layers=self.num_layers, trust_remote_code=self.trust_remote_code)
+                       num_layers=self.num_layers, trust_remote_code=self.trust_remote_code,
+                       max_seq_len=self.max_seq_len)
         self.actors = [actor_cls.remote(self.spec.name, make) for _ in range(self.cfg.num_replicas)]
         errors = [e for e in ray.get([a.start_error.remote() for a in self.actors]) if e]
         if errors:

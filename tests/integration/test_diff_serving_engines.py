@@ -1,5 +1,6 @@
 """The diff with the serving engines, configured only (no code of theirs is named here): vLLM's real CPU rotary bug
-on the default-rope model stops extract at the gate; vLLM and SGLang agree with HF in float32 on the yarn model.
+on the default-rope model stops extract at the gate; vLLM and SGLang agree with HF in float32 on the yarn model; a
+vLLM reference that vLLM refuses to start is reported as a start failure by the gate and by the diff.
 
 Each test skips when the engine's own virtualenv is absent (scripts/setup.sh creates them)."""
 from __future__ import annotations
@@ -11,10 +12,14 @@ import pytest
 from pipeline.compare.stage import run_diff
 from pipeline.run.gate import DiffGateError
 from pipeline.run.job import run_extract
-from tests.helpers.diff import composed
+from tests.helpers.diff import SMALL_PROBE, composed
 from tests.helpers.markers import needs_sglang, needs_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# vLLM refuses to start: one 131072-token sequence of the 8-layer float32 MLA model needs 2.25 GiB of KV cache, and
+# both options are given, so the adapter sizes nothing.
+UNSTARTABLE = "{name:vllm,dtype:float32,options:{max_model_len:131072,kv_cache_space_gib:1}}"
+VLLM_REFUSAL = "ValueError: To serve at least one request with the model's max seq len (131072)"
 
 
 @needs_vllm
@@ -48,3 +53,25 @@ def test_vllm_and_sglang_agree_with_hf_in_float32(tmp_path, models_root):
     for pair in (p for p in result.pairs if p.kind == "reference"):
         assert max(s.rel_l2 for s in pair.points.values()) < 1e-5 and pair.logits.top1 == 1.0
     assert [a.status for a in result.alignments] == ["ok", "ok"]  # each engine's id translation, verified
+
+
+@needs_vllm
+def test_a_reference_that_does_not_start_is_a_start_failure_not_a_divergence(tmp_path, models_root):
+    out = tmp_path / "run"
+    with pytest.raises(DiffGateError) as stop:
+        run_extract(composed(f"out_dir={out}", "model=tiny_kimi_bf16", "engine.dtype=float32",
+                             f"diff.reference={UNSTARTABLE}", "data.limit=4", "diff.gate_probe.num_samples=3",
+                             "diff.html=false"))
+    message = str(stop.value)
+    assert "engine vllm@float32 (reference) failed to start: " in message and VLLM_REFUSAL in message
+    assert "capture convention" not in message and "out of line" not in message
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "diff"]
+    report = json.loads((out / "diff" / "report.json").read_text())
+    # stopped before the primary started: there was nothing to hold it against
+    assert [(e["role"], e["failed_at"]) for e in report["engines"]] == [("reference", "start")]
+    assert VLLM_REFUSAL in report["engines"][0]["error"] and "\n" not in report["engines"][0]["error"]
+
+    result = run_diff(composed(f"out_dir={tmp_path / 'diff'}", "model=tiny_kimi_bf16", f"diff.reference={UNSTARTABLE}",
+                               "diff.engines=[hf@float32]", *SMALL_PROBE, "diff.html=false")).result
+    assert result.status == "fail"
+    assert result.failures[0].startswith("engine vllm@float32 failed to start: ") and VLLM_REFUSAL in result.failures[0]

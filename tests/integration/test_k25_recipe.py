@@ -13,9 +13,8 @@ from tests.helpers.markers import needs_engine
 pytestmark = [pytest.mark.integration, pytest.mark.slow, needs_engine("sglang", "vllm")]
 RECIPE = ["+exp=kimi", "model=tiny_k25_bf16", "engine.tp_size=1", "diff.reference.tp_size=1"]
 # float32: the tiny model's random MoE is chaotic over 61 bf16 layers (routing flips), and the gate stops a bf16 run
-# (README, the recipe on CPU). 61 float32 MLA layers then need smaller KV pools than the recipe's on this machine.
-CPU = ["engine.dtype=float32", "diff.reference.dtype=float32", "+engine.options.max_tokens_per_forward=4096",
-       "+diff.reference.options.max_model_len=2048"]
+# (README, the recipe on CPU). Nothing else: the README's line as written (vLLM sizes its KV cache from the run).
+CPU = ["engine.dtype=float32", "diff.reference.dtype=float32"]
 SMALL = ["data.limit=8"]  # the bundled conversations; everything else as the recipe says
 
 
@@ -51,6 +50,11 @@ def test_the_vllm_gate_passed_before_any_shard(recipe_run):
     assert any(label.startswith("vllm") for label in labels) and any(label.startswith("sglang") for label in labels)
     vllm = next(e for label, e in labels.items() if label.startswith("vllm"))
     assert vllm["info"]["extra"]["wrapper_class"] == "KimiK25ForConditionalGeneration"
+    # the line runs as written because vLLM was sized from the probe, not from the checkpoint's 262144 positions
+    sizes, longest = vllm["info"]["extra"]["sizes"], max(s["num_tokens"] for s in report["probe"]["samples"])
+    print(f"\nvLLM reference sized from the run: {sizes}, longest probe sample {longest} tokens")
+    assert sizes["max_model_len"] == longest + 1 and sizes["max_model_len_by"].startswith("the run's longest")
+    assert vllm["info"]["extra"]["environment"]["VLLM_CPU_KVCACHE_SPACE"] == str(sizes["kv_cache_space_gib"])
 
 
 def test_recipe_shards_verify(recipe_run):

@@ -49,9 +49,9 @@ class RemoteEngine(Engine):
     options_type = None  # the adapter parses them in its worker
 
     def __init__(self, spec: EngineSpec, *, target: str, python: str, model_path: str, points: Sequence[Point],
-                 num_layers: int, trust_remote_code: bool = False) -> None:
+                 num_layers: int, trust_remote_code: bool = False, max_seq_len: int | None = None) -> None:
         super().__init__(spec, model_path=model_path, points=points, num_layers=num_layers,
-                         trust_remote_code=trust_remote_code)
+                         trust_remote_code=trust_remote_code, max_seq_len=max_seq_len)
         self.name = spec.name
         self.target, self.python = target, python
         self._proc: subprocess.Popen | None = None
@@ -88,7 +88,7 @@ class RemoteEngine(Engine):
         self._spawn()
         init = {"spec": self.spec.describe(), "model_path": self.model_path,
                 "points": [p.label for p in self.points], "num_layers": self.num_layers,
-                "trust_remote_code": self.trust_remote_code}
+                "trust_remote_code": self.trust_remote_code, "max_seq_len": self.max_seq_len}
         self._call({"op": "init", "init": init})
         self._call({"op": "start"})
 

@@ -28,7 +28,7 @@ def _load(target: str, init: dict[str, Any]):
     cls = getattr(importlib.import_module(module_name), cls_name)
     points = parse_points(init["points"], num_layers=init["num_layers"])
     return cls(EngineSpec(**init["spec"]), model_path=init["model_path"], points=points, num_layers=init["num_layers"],
-               trust_remote_code=bool(init.get("trust_remote_code", False)))
+               trust_remote_code=bool(init.get("trust_remote_code", False)), max_seq_len=init.get("max_seq_len"))
 
 
 def _samples(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[PreparedSample]:

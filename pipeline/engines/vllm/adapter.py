@@ -19,6 +19,7 @@ backend, MoE kernel, rotary path, dtypes, parallel sizes, scheduler settings.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -31,6 +32,7 @@ import torch
 from pipeline.core.contracts import Capture, EngineInfo, PointSource, PreparedSample
 from pipeline.engines.base import Engine
 from pipeline.engines.vllm.options import VLLMOptions
+from pipeline.engines.vllm.sizing import Sizes, size
 from pipeline.models.hf_text import remote_code_error
 from pipeline.models.info import text_config
 from pipeline.points import Point, family_of, to_native
@@ -116,8 +118,10 @@ class VLLMEngine(Engine):
         self._ckpt = _checkpoint(self.model_path)
         self._multimodal = _is_multimodal(self.model_path)
         self._own_process = self._engine_core_process()
+        self._sizes = self._size()
         # Read by vLLM when the engine is created; this worker process belongs to the engine alone.
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.opts.kv_cache_space_gib))
+        if self._sizes.kv_cache_space_gib is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self._sizes.kv_cache_space_gib)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if self._own_process else "0"
         from vllm import LLM
 
@@ -130,6 +134,18 @@ class VLLMEngine(Engine):
             raise ValueError(f"model.path={self.model_path!r}: vLLM loaded {layout['num_layers']} decoder layers, "
                              f"the config said {self.num_layers}")
         self._layout, self._facts = layout, self._rpc("capture_facts")
+
+    def _size(self) -> Sizes:
+        """max_model_len and (CPU) KV space: the options when set, else from the run's longest sequence and batch
+        (`sizing`); a VLLM_CPU_KVCACHE_SPACE already in the environment counts as set."""
+        from vllm.platforms import current_platform
+
+        env = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+        space = self.opts.kv_cache_space_gib if self.opts.kv_cache_space_gib is not None else (
+            int(env) if env else None)
+        return size(self._ckpt, dtype=self.dtype, tp_size=self.spec.tp_size, batch_size=self.spec.batch_size,
+                    longest=self.max_seq_len, max_model_len=self.opts.max_model_len, kv_cache_space_gib=space,
+                    on_cpu=current_platform.is_cpu())
 
     def _engine_core_process(self) -> bool:
         """Kimi-K2.5's media processing imports numba (even text-only, vLLM builds the processor at start-up); with the
@@ -162,7 +178,7 @@ class VLLMEngine(Engine):
         kwargs: dict[str, Any] = dict(
             model=self.model_path, dtype=self.dtype, seed=o.seed, tensor_parallel_size=self.spec.tp_size,
             enforce_eager=True, enable_prefix_caching=False,  # cached prefix tokens would get no hidden states
-            gpu_memory_utilization=o.gpu_memory_utilization, max_model_len=self._max_model_len(),
+            gpu_memory_utilization=o.gpu_memory_utilization, max_model_len=self._sizes.max_model_len,
             disable_log_stats=True, worker_extension_cls=EXTENSION, trust_remote_code=self.trust_remote_code)
         if self._multimodal:
             # Text-only: vLLM builds no vision tower and feeds the language model input_ids (with multimodal inputs
@@ -176,11 +192,6 @@ class VLLMEngine(Engine):
         if o.disable_custom_rotary:
             kwargs["compilation_config"] = {"custom_ops": NO_CUSTOM_ROTARY}
         return kwargs
-
-    def _max_model_len(self) -> int:
-        if self.opts.max_model_len is not None:
-            return self.opts.max_model_len
-        return min(int(self._ckpt.get("max_position_embeddings") or 8192), 8192)
 
     def _rpc(self, method: str, *args: Any) -> Any:
         return self._llm.collective_rpc(method, args=args)[0]  # rank 0 (every rank sees the full hidden states)
@@ -253,7 +264,7 @@ class VLLMEngine(Engine):
                    "environment": {k: os.environ.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE",
                                                                   "VLLM_CPU_OMP_THREADS_BIND")},
                    "capture": "worker extension (forward hooks), sliced per request by query_start_loc",
-                   "options": self.opts.to_dict()})
+                   "sizes": dataclasses.asdict(self._sizes), "options": self.opts.to_dict()})
 
     def close(self) -> None:
         llm = self.__dict__.pop("_llm", None)

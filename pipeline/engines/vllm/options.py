@@ -9,11 +9,14 @@ from pipeline.engines.options import EngineOptions, InvalidOption, option
 
 @dataclass(frozen=True, kw_only=True)
 class VLLMOptions(EngineOptions):
-    kv_cache_space_gib: int = option(
-        1, "VLLM_CPU_KVCACHE_SPACE (GiB, CPU only); vLLM's CPU default asks for more than small machines have")
+    kv_cache_space_gib: int | None = option(
+        None, "VLLM_CPU_KVCACHE_SPACE (GiB, CPU only); None = sized from the run: a batch of max_model_len "
+              "sequences, at least one, at most half the memory available at start (vLLM's CPU default asks for more "
+              "than small machines have)")
     gpu_memory_utilization: float = option(0.1, "the fraction of (GPU, or on CPU host) memory vLLM reserves, (0, 1]")
     max_model_len: int | None = option(
-        None, "vLLM's max_model_len (sizes the KV cache); None = the checkpoint's max_position_embeddings, at most 8192")
+        None, "vLLM's max_model_len (sizes the KV cache); None = the longest sequence the run sends + 1 (the generated "
+              "token), or, when the run does not say, the checkpoint's max_position_embeddings, at most 8192")
     max_num_batched_tokens: int | None = option(
         None, "tokens per scheduler step; longer prompts are prefilled in chunks; None = vLLM's default")
     attention_backend: str | None = option(
@@ -29,7 +32,7 @@ class VLLMOptions(EngineOptions):
     seed: int = option(0, "vLLM's seed")
 
     def __post_init__(self) -> None:
-        if self.kv_cache_space_gib < 1:
+        if self.kv_cache_space_gib is not None and self.kv_cache_space_gib < 1:
             raise InvalidOption("kv_cache_space_gib", self.kv_cache_space_gib, "must be >= 1")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise InvalidOption("gpu_memory_utilization", self.gpu_memory_utilization, "must be in (0, 1]")
