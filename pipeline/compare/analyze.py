@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import torch
 
 from pipeline.compare.align import Alignment, align
-from pipeline.compare.checkpoint import Checkpoint
+from pipeline.compare.anchors import Checkpoint
 from pipeline.compare.judge import (
     PRECISION,
     LogitStats,

@@ -1,5 +1,5 @@
 """`python -m pipeline.diff` as a job: engines probed one after another (each started, probed, closed), then
-compared (pipeline.compare.core) and reported."""
+compared (pipeline.compare.comparison) and reported."""
 from __future__ import annotations
 
 import logging
@@ -10,8 +10,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from pipeline.compare.analyze import DiffResult, all_points
-from pipeline.compare.core import compare, report_config
-from pipeline.compare.engines import check_entries, comparison
+from pipeline.compare.comparison import compare, report_config
+from pipeline.compare.lineup import check_entries, comparison
 from pipeline.compare.probe import probe_engine, probe_samples
 from pipeline.compare.report import write_report
 from pipeline.config import ConfigError, ExtractConfig, ProbeConfig, to_config

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pipeline.drafts import features, model
+from pipeline.drafts import features, fit
 from pipeline.drafts.checkpoint import Draft, read_draft
 from pipeline.drafts.flags import Flags, parse
 from pipeline.drafts.report import Finding
@@ -51,13 +51,13 @@ def examine(request: Request, weights: WeightsCheck | None = None) -> tuple[list
     found += features.check_fc(draft, server, target)
     if weights is not None:
         found += weights(draft, server, target)
-    found.append(model.check_hidden(draft, target))
-    found += model.check_vocab(draft, target)
-    found.append(model.check_d2t(draft, target))
+    found.append(fit.check_hidden(draft, target))
+    found += fit.check_vocab(draft, target)
+    found.append(fit.check_d2t(draft, target))
     found.append(features.check_final_norm(draft, target))
     found.append(features.check_norm_output(draft))
-    found += model.check_flags(flags, server, draft)
-    found.append(model.check_kernels(target, server, flags))
+    found += fit.check_flags(flags, server, draft)
+    found.append(fit.check_kernels(target, server, flags))
     context = {"draft": {"path": str(draft.path), "format": draft.format, "architecture": draft.architecture},
                "serve": {"framework": server.framework, "version": server.version, "draft_class": server.draft_class,
                          "numbering": server.numbering.source},

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pipeline.compare.analyze import DiffResult, all_points
-from pipeline.compare.engines import comparison
+from pipeline.compare.lineup import comparison
 from pipeline.compare.probe import ProbeRun, capture_probe, probe_engine, probe_samples
 from pipeline.compare.report import write_html, write_report
 from pipeline.compare.serialize import summary

@@ -8,7 +8,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.compare.engines import check_entries
+from pipeline.compare.lineup import check_entries
 from pipeline.config import ConfigError, ExtractConfig
 from pipeline.config.checks import check_data_path, resolve_model
 from pipeline.engines.registry import check_name, check_options

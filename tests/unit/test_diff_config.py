@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.compare.checkpoint import moe_layers
-from pipeline.compare.engines import other_entries, probe_run, reference_entry
+from pipeline.compare.anchors import moe_layers
+from pipeline.compare.lineup import other_entries, probe_run, reference_entry
 from pipeline.config import ConfigError, DiffConfig, to_config
 from pipeline.config.entries import SpecError, parse_entry, to_spec, unique
 from pipeline.models.info import ModelInfo

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file
 
-from pipeline.compare.checkpoint import Checkpoint
+from pipeline.compare.anchors import Checkpoint
 
 
 def test_tensors_are_found_by_name_and_rows_are_exact(tiny_model):

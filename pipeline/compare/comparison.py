@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 
 from pipeline.compare.analyze import Analysis, DiffResult
-from pipeline.compare.checkpoint import Checkpoint
+from pipeline.compare.anchors import Checkpoint
 from pipeline.compare.probe import ProbeRun
 from pipeline.config import DiffConfig
 from pipeline.core.contracts import PreparedSample
