@@ -1,7 +1,7 @@
 """The cross-framework diff: the same probe prompts through several engines, compared point by point.
 
     lineup      the config's engine entries (parsed in pipeline.config.entries) resolved against their presets and
-                the model, each made through `make_engine` (any registered engine, any venv) as a ProbeRun
+                the model, each made through `make_engine` (any registered engine, any venv) as a ProbeRequest
     probe       the probe samples; one engine's captures: the batch, repeats (determinism), samples alone (batching)
     metrics     per-point statistics in float32: relative L2 (aggregate, per-token quantiles), cosine, max abs,
                 position 0 vs later positions, per-position profiles

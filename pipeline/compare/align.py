@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline.compare.metrics import as_float, per_token_rel_l2
-from pipeline.compare.probe import ProbeRun
+from pipeline.compare.probe import ProbeCapture
 from pipeline.config import AlignmentConfig
 from pipeline.points import FINAL_NORM
 
@@ -140,7 +140,7 @@ def _unverifiable(matches: list[PointMatch], rows: list[str], diverged_from: str
     return out
 
 
-def _distance_matrix(engine: ProbeRun, reference: ProbeRun) -> tuple[list[list[float]], list[list[float]]]:
+def _distance_matrix(engine: ProbeCapture, reference: ProbeCapture) -> tuple[list[list[float]], list[list[float]]]:
     """[row][col] median per-token relative L2, and per row the fraction of tokens nearest to each column. One
     reference point is in float32 at a time (Kimi: 63 points x 7168 per token)."""
     rows, cols = engine.labels, reference.labels
@@ -160,7 +160,7 @@ def _distance_matrix(engine: ProbeRun, reference: ProbeRun) -> tuple[list[list[f
     return distances, votes
 
 
-def align(engine: ProbeRun, reference: ProbeRun, cfg: AlignmentConfig,
+def align(engine: ProbeCapture, reference: ProbeCapture, cfg: AlignmentConfig,
           diverged_from: str | None = None) -> Alignment:
     """`diverged_from`: the first point where the engine's states fail the thresholds (from the comparison)."""
     cols, rows = reference.labels, engine.labels

@@ -27,7 +27,7 @@ from pipeline.compare.judge import (
     relocate,
 )
 from pipeline.compare.metrics import PointStats, point_stats
-from pipeline.compare.probe import ProbeRun
+from pipeline.compare.probe import ProbeCapture
 from pipeline.config import DiffConfig, Thresholds
 from pipeline.core.contracts import PreparedSample
 from pipeline.points import FINAL_NORM, Point, canonical_order
@@ -60,7 +60,7 @@ class AnchorCheck:
 class DiffResult:
     status: str  # pass | warn | fail
     reference: str
-    runs: list[ProbeRun]
+    runs: list[ProbeCapture]
     pairs: list[PairResult] = field(default_factory=list)
     alignments: list[Alignment] = field(default_factory=list)
     anchors: list[AnchorCheck] = field(default_factory=list)
@@ -76,7 +76,7 @@ class DiffResult:
 
 
 class Analysis:
-    def __init__(self, runs: Sequence[ProbeRun], reference: str, *, ckpt: Checkpoint, cfg: DiffConfig,
+    def __init__(self, runs: Sequence[ProbeCapture], reference: str, *, ckpt: Checkpoint, cfg: DiffConfig,
                  num_layers: int, samples: Sequence[PreparedSample]) -> None:
         self.runs = {r.label: r for r in runs}
         self.reference = reference
@@ -88,7 +88,7 @@ class Analysis:
     def thresholds(self, dtype: str) -> Thresholds:
         return self.cfg.thresholds[dtype]
 
-    def dtype_of(self, *runs: ProbeRun) -> str:
+    def dtype_of(self, *runs: ProbeCapture) -> str:
         """The dtype a comparison is judged by: the least precise one the engines report (never a silent guess)."""
         for r in runs:
             if r.dtype not in self.cfg.thresholds:
@@ -101,7 +101,7 @@ class Analysis:
         return judged if judged in self.cfg.thresholds else min(self.cfg.thresholds, key=lambda d: PRECISION.get(d, 0))
 
     # --- logits ------------------------------------------------------------------------------------------------
-    def _normed(self, run: ProbeRun) -> tuple[torch.Tensor, str] | None:
+    def _normed(self, run: ProbeCapture) -> tuple[torch.Tensor, str] | None:
         if FINAL_NORM in run.labels:
             return torch.cat([x.float() for x in run.point(FINAL_NORM)]), "final_norm"
         last = f"b{self.num_layers}"
@@ -109,12 +109,12 @@ class Analysis:
             return self.ckpt.final_norm(torch.cat([x.float() for x in run.point(last)])), f"{last} + checkpoint norm"
         return None
 
-    def normed(self, run: ProbeRun) -> tuple[torch.Tensor, str] | None:
+    def normed(self, run: ProbeCapture) -> tuple[torch.Tensor, str] | None:
         if run.label not in self._normed_cache:
             self._normed_cache[run.label] = self._normed(run)
         return self._normed_cache[run.label]
 
-    def logit_stats(self, a: ProbeRun, b: ProbeRun) -> LogitStats | None:
+    def logit_stats(self, a: ProbeCapture, b: ProbeCapture) -> LogitStats | None:
         if not self.cfg.logits:
             return None
         na, nb = self.normed(a), self.normed(b)
@@ -138,14 +138,14 @@ class Analysis:
         return PairResult(kind=kind, a=a, b=b, name=name, labels=labels, points=stats, logits=logits, verdict=v,
                           judged=judged)
 
-    def engine_pair(self, a: ProbeRun, b: ProbeRun, kind: str) -> PairResult:
+    def engine_pair(self, a: ProbeCapture, b: ProbeCapture, kind: str) -> PairResult:
         labels = [p.label for p in canonical_order(p for p in b.points if p in set(a.points))]
         stats = {x: self._stats(a.point(x), b.point(x)) for x in labels}
         name = f"{b.label} vs {a.label}"
         return self._judge(kind, name, labels, stats, self.dtype_of(a, b), self.logit_stats(a, b),
                            kind == "reference", a.label, b.label)
 
-    def determinism(self, run: ProbeRun) -> list[PairResult]:
+    def determinism(self, run: ProbeCapture) -> list[PairResult]:
         out = []
         for k in range(1, len(run.repeats) + 1):
             stats = {x: self._stats(run.point(x), run.point(x, f"repeat{k}")) for x in run.labels}
@@ -154,7 +154,7 @@ class Analysis:
                                    None, True, f"{run.label} run 1", f"{run.label} run {k + 1}"))
         return out
 
-    def batch(self, run: ProbeRun) -> PairResult | None:
+    def batch(self, run: ProbeCapture) -> PairResult | None:
         if not run.alone:
             return None
         idx = sorted(run.alone)
@@ -164,7 +164,7 @@ class Analysis:
                            f"{run.label} in batch")
 
     # --- anchors -----------------------------------------------------------------------------------------------
-    def anchors(self, run: ProbeRun) -> list[AnchorCheck]:
+    def anchors(self, run: ProbeCapture) -> list[AnchorCheck]:
         t = self.thresholds(self.dtype_of(run))
         out = []
         if "b0" in run.labels:
@@ -178,7 +178,7 @@ class Analysis:
                                     f"final_norm is the checkpoint's RMSNorm of {last}"))
         return out
 
-    def _anchor(self, run: ProbeRun, check: str, expected, got, t: Thresholds, claim: str) -> AnchorCheck:
+    def _anchor(self, run: ProbeCapture, check: str, expected, got, t: Thresholds, claim: str) -> AnchorCheck:
         s = self._stats(expected, got)
         reasons = over_reasons(s, t)
         detail = claim + (": " + "; ".join(reasons) if reasons else f" (rel L2 {s.rel_l2:.2e})")

@@ -13,7 +13,7 @@ import torch
 
 from pipeline.compare.analyze import Analysis, DiffResult
 from pipeline.compare.anchors import Checkpoint
-from pipeline.compare.probe import ProbeRun
+from pipeline.compare.probe import ProbeCapture
 from pipeline.config import DiffConfig
 from pipeline.core.contracts import PreparedSample
 from pipeline.models.info import ModelInfo
@@ -35,7 +35,7 @@ def _threads_for(num_values: int):
         torch.set_num_threads(before)
 
 
-def storage_rounding(runs: Sequence[ProbeRun], storage_dtype: str | None) -> dict[str, Any] | None:
+def storage_rounding(runs: Sequence[ProbeCapture], storage_dtype: str | None) -> dict[str, Any] | None:
     """What storing each run's states with `storage_dtype` costs: relative L2 per point of the stored-and-read-back
     states against the captured ones (the figure to set beside the engines' divergence); None when stored as
     captured."""
@@ -54,7 +54,7 @@ def storage_rounding(runs: Sequence[ProbeRun], storage_dtype: str | None) -> dic
     return out
 
 
-def compare(runs: Sequence[ProbeRun], *, reference: str, model: ModelInfo, samples: Sequence[PreparedSample],
+def compare(runs: Sequence[ProbeCapture], *, reference: str, model: ModelInfo, samples: Sequence[PreparedSample],
             cfg: DiffConfig, storage_dtype: str | None = None) -> DiffResult:
     """Analyse finished runs against the reference (checkpoint anchors and logits from the model's own files); with
     `storage_dtype`, also what storing each compared engine's states that way costs (`DiffResult.storage`)."""

@@ -16,7 +16,7 @@ from pipeline.compare.align import Alignment, PointMatch
 from pipeline.compare.analyze import AnchorCheck, DiffResult, PairResult
 from pipeline.compare.judge import LogitStats, Verdict
 from pipeline.compare.metrics import PointStats
-from pipeline.compare.probe import ProbeRun
+from pipeline.compare.probe import ProbeCapture, ProbeRequest
 from pipeline.core.contracts import EngineSpec
 from pipeline.points import parse_points
 
@@ -39,9 +39,10 @@ def _spec(config: dict[str, Any]) -> EngineSpec:
     return EngineSpec(**{k: v for k, v in config.items() if k in _SPEC_FIELDS})
 
 
-def _engine(run: ProbeRun) -> dict[str, Any]:
+def _engine(run: ProbeCapture) -> dict[str, Any]:
     return {"label": run.label, "role": run.role, "config": run.config, "points": run.labels, "info": run.info,
-            "error": run.error, "failed_at": run.failed_at, "ran_on": run.ran_on, "seconds": {k: round(v, 3) for k, v in run.seconds.items()}}
+            "error": run.error, "failed_at": run.failed_at, "ran_on": run.ran_on,
+            "seconds": {k: round(v, 3) for k, v in run.seconds.items()}}
 
 
 def _pair(pair: PairResult) -> dict[str, Any]:
@@ -106,10 +107,11 @@ def from_dict(data: dict[str, Any]) -> DiffResult:
     if data.get("format") != FORMAT:
         raise ValueError(f"format {data.get('format')!r} is not a {FORMAT} report")
     num_layers = data["model"]["num_layers"]
-    runs = [ProbeRun(label=e["label"], role=e["role"], spec=_spec(e["config"]), model_path=e["config"].get("model_path"),
-                     info=e["info"], error=e["error"], failed_at=e.get("failed_at"),
-                      ran_on=e.get("ran_on"), seconds=e["seconds"],
-                      points=parse_points(e["points"], num_layers=num_layers))
+    runs = [ProbeCapture(request=ProbeRequest(label=e["label"], role=e["role"], spec=_spec(e["config"]),
+                                              model_path=e["config"].get("model_path"),
+                                              points=parse_points(e["points"], num_layers=num_layers)),
+                         info=e["info"], error=e["error"], failed_at=e.get("failed_at"), ran_on=e.get("ran_on"),
+                         seconds=e["seconds"])
             for e in data["engines"]]
     return DiffResult(status=data["status"], reference=data["reference"], runs=runs,
                       pairs=[_pair_from(p) for p in data["pairs"]],

@@ -63,14 +63,16 @@ def run_diff(dcfg: DictConfig) -> DiffOutcome:
     check_entries(cfg.diff.reference, cfg.diff.engines, "diff.engines")  # before the model is read (or built)
     check_data_path(cfg)
     model = resolve_model(cfg)
-    runs = comparison(cfg.diff.reference, cfg.diff.engines, "diff.engines", model=model,
-                      all_points=all_points(model.num_layers), points=diff_points(cfg, model),
-                      trust_remote_code=cfg.model.trust_remote_code)  # config errors first
+    requests = comparison(cfg.diff.reference, cfg.diff.engines, "diff.engines", model=model,
+                          all_points=all_points(model.num_layers), points=diff_points(cfg, model),
+                          trust_remote_code=cfg.model.trust_remote_code)  # config errors first
     samples = probe_data(cfg, model, cfg.diff.probe)
-    for run in runs:
-        log.info("probing %s (%s) with %d samples, %d tokens", run.label, run.role, len(samples),
+    runs = []
+    for request in requests:
+        log.info("probing %s (%s) with %d samples, %d tokens", request.label, request.role, len(samples),
                  sum(s.num_tokens for s in samples))
-        probe_engine(run, samples, cfg.diff.probe, num_layers=model.num_layers, hidden_size=model.hidden_size)
+        runs.append(probe_engine(request, samples, cfg.diff.probe, num_layers=model.num_layers,
+                                 hidden_size=model.hidden_size))
     result = compare(runs, reference=runs[0].label, model=model, samples=samples, cfg=cfg.diff,
                      storage_dtype=cfg.runner.storage_dtype)
     t0 = time.perf_counter()

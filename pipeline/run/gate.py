@@ -18,14 +18,13 @@ from typing import Any, Sequence
 
 from pipeline.compare.analyze import DiffResult, all_points
 from pipeline.compare.lineup import comparison
-from pipeline.compare.probe import ProbeRun, capture_probe, probe_engine, probe_samples
+from pipeline.compare.probe import ProbeCapture, ProbeRequest, capture_probe, probe_engine, probe_samples
 from pipeline.compare.report import write_html, write_report
 from pipeline.compare.serialize import summary
 from pipeline.compare.stage import compare, report_config
 from pipeline.config import ConfigError, ExtractConfig
 from pipeline.core.cli import Refused
 from pipeline.core.contracts import PreparedSample
-from pipeline.engines.base import first_line
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point
 from pipeline.run.executor import Executor
@@ -78,9 +77,9 @@ def primary_label(cfg: ExtractConfig) -> str:
 
 class DiffGate:
     def __init__(self, cfg: ExtractConfig, model: ModelInfo, points: Sequence[Point], out_dir: Path,
-                 others: list[ProbeRun]) -> None:
+                 others: list[ProbeRequest]) -> None:
         self.cfg, self.model, self.points, self.out_dir, self.others = cfg, model, list(points), out_dir, others
-        self.runs: list[ProbeRun] = []
+        self.runs: list[ProbeCapture] = []
         self.samples: list[PreparedSample] = []
         self.seconds: dict[str, float] = {}
         self._html_due = False
@@ -123,16 +122,14 @@ class DiffGate:
         DiffGateError) or warn when it fails."""
         t0 = time.perf_counter()
         c = self.cfg
-        run = ProbeRun(label=primary_label(c), role="primary", spec=c.engine, model_path=str(self.model.path),
-                       points=self.points, trust_remote_code=c.model.trust_remote_code)
-        try:
-            capture_probe(run, executor, self.samples, c.diff.gate_probe, hidden_size=self.model.hidden_size)
-        except Exception as e:  # the report says so and the gate fails
-            run.error, run.failed_at = first_line(e), "probe"
+        request = ProbeRequest(label=primary_label(c), role="primary", spec=c.engine, model_path=str(self.model.path),
+                               points=self.points, trust_remote_code=c.model.trust_remote_code)
+        # An error is in the capture: the report says so and the gate fails.
+        run = capture_probe(request, executor, self.samples, c.diff.gate_probe, hidden_size=self.model.hidden_size)
         self.seconds["primary probe"] = time.perf_counter() - t0
         return self._conclude([*self.runs, run])
 
-    def _conclude(self, runs: list[ProbeRun]) -> GateOutcome:
+    def _conclude(self, runs: list[ProbeCapture]) -> GateOutcome:
         """Compare the probed runs, write the report; stop (raise DiffGateError) or warn when the verdict fails."""
         t1 = time.perf_counter()
         c = self.cfg
