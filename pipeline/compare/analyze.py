@@ -56,8 +56,9 @@ class AnchorCheck:
     detail: str
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class DiffResult:
+    """A finished comparison: `compare` returns it complete and nothing changes it afterwards."""
     status: str  # pass | warn | fail
     reference: str
     runs: list[ProbeCapture]
@@ -186,51 +187,59 @@ class Analysis:
                            status="fail" if reasons else "ok", detail=detail)
 
     # --- all ---------------------------------------------------------------------------------------------------
-    def run(self) -> DiffResult:
-        result = DiffResult(status="pass", reference=self.reference, runs=list(self.runs.values()),
-                            thresholds={k: dataclasses.asdict(v) for k, v in self.cfg.thresholds.items()})
-        for r in self.runs.values():
-            if r.start_failed:  # nothing was compared with it: not a numerics or convention finding
-                result.failures.append(f"engine {r.label} failed to start: {r.error}")
-            elif r.error:
-                result.failures.append(f"engine {r.label} did not run: {r.error}")
-        ok = [r for r in self.runs.values() if r.ok]
+    def _against_reference(self, others: Sequence[ProbeCapture]) -> tuple[list[PairResult], list[Alignment]]:
+        """Each engine against the reference, with its alignment (which explains a failing onset when it can)."""
         ref = self.runs[self.reference]
+        pairs, alignments = [], []
+        for r in others if ref.ok else []:
+            pair = self.engine_pair(ref, r, "reference")
+            v = pair.verdict
+            al = align(r, ref, self.cfg.alignment, diverged_from=v.onset if v.status == "fail" else None)
+            explained = al.problem_for(v.onset) if v.onset else None
+            if explained and v.status == "fail":
+                relocate(v, pair.name, f"capture convention, not numerics: {explained}")
+            alignments.append(al)
+            pairs.append(pair)
+        return pairs, alignments
+
+    def run(self) -> DiffResult:
+        """Every comparison, collected into one finished DiffResult (the caller adds what the analysis cannot
+        know with `dataclasses.replace`)."""
+        ok = [r for r in self.runs.values() if r.ok]
         others = [r for r in ok if r.label != self.reference]
-        if ref.ok:
-            for r in others:
-                pair = self.engine_pair(ref, r, "reference")
-                v = pair.verdict
-                al = align(r, ref, self.cfg.alignment, diverged_from=v.onset if v.status == "fail" else None)
-                explained = al.problem_for(v.onset) if v.onset else None
-                if explained and v.status == "fail":
-                    relocate(v, pair.name, f"capture convention, not numerics: {explained}")
-                result.alignments.append(al)
-                result.pairs.append(pair)
-        for a, b in itertools.combinations(others, 2):
-            result.pairs.append(self.engine_pair(a, b, "pair"))
+        pairs, alignments = self._against_reference(others)
+        pairs += [self.engine_pair(a, b, "pair") for a, b in itertools.combinations(others, 2)]
+        anchors: list[AnchorCheck] = []
         for r in ok:
-            result.pairs += self.determinism(r)
+            pairs += self.determinism(r)
             batch = self.batch(r)
             if batch is not None:
-                result.pairs.append(batch)
-            result.anchors += self.anchors(r)
-        self._collect(result)
-        return result
+                pairs.append(batch)
+            anchors += self.anchors(r)
+        failures, warnings = _findings(list(self.runs.values()), self.notes, alignments, anchors, pairs)
+        return DiffResult(status="fail" if failures else ("warn" if warnings else "pass"), reference=self.reference,
+                          runs=list(self.runs.values()), pairs=pairs, alignments=alignments, anchors=anchors,
+                          failures=failures, warnings=warnings,
+                          thresholds={k: dataclasses.asdict(v) for k, v in self.cfg.thresholds.items()})
 
-    def _collect(self, result: DiffResult) -> None:
-        result.warnings += self.notes
-        for al in result.alignments:
-            (result.failures if al.status == "fail" else result.warnings).extend(
-                f"alignment: {p}" for p in al.problems)
-        for an in result.anchors:
-            if an.status == "fail":
-                result.failures.append(f"{an.engine}: {an.detail}")
-        for pair in result.pairs:
-            if pair.judged:
-                result.failures += pair.verdict.failures
-                result.warnings += pair.verdict.warnings
-        result.status = "fail" if result.failures else ("warn" if result.warnings else "pass")
+
+def _findings(runs: Sequence[ProbeCapture], notes: Sequence[str], alignments: Sequence[Alignment],
+              anchors: Sequence[AnchorCheck], pairs: Sequence[PairResult]) -> tuple[list[str], list[str]]:
+    """(failures, warnings) of the whole comparison, in the order the report lists them."""
+    failures, warnings = [], list(notes)
+    for r in runs:
+        if r.start_failed:  # nothing was compared with it: not a numerics or convention finding
+            failures.append(f"engine {r.label} failed to start: {r.error}")
+        elif r.error:
+            failures.append(f"engine {r.label} did not run: {r.error}")
+    for al in alignments:
+        (failures if al.status == "fail" else warnings).extend(f"alignment: {p}" for p in al.problems)
+    failures += [f"{an.engine}: {an.detail}" for an in anchors if an.status == "fail"]
+    for pair in pairs:
+        if pair.judged:
+            failures += pair.verdict.failures
+            warnings += pair.verdict.warnings
+    return failures, warnings
 
 
 def all_points(num_layers: int) -> list[Point]:

@@ -63,16 +63,16 @@ def compare(runs: Sequence[ProbeCapture], *, reference: str, model: ModelInfo, s
     size = sum(s.num_tokens for s in samples) * (model.num_layers + 2) * model.hidden_size
     with _threads_for(size):
         result = Analysis(runs, reference, ckpt=ckpt, cfg=cfg, num_layers=model.num_layers, samples=samples).run()
-    result.model = {"path": str(model.path), "model_type": model.model_type, "architecture": model.architecture,
-                    "num_layers": model.num_layers, "hidden_size": model.hidden_size,
-                    "moe_layers": sorted(ckpt.moe_layers),
-                    "quantization": (model.quantization or {}).get("quant_method")}
-    result.probe = {"num_samples": len(samples), "num_tokens": sum(s.num_tokens for s in samples),
-                    "samples": [{"sample_id": s.sample_id, "source": s.source, "row": s.row,
-                                 "num_tokens": s.num_tokens, "truncated": s.truncated} for s in samples]}
-    result.storage = storage_rounding([r for r in runs if r.label != reference], storage_dtype)
-    result.seconds["analysis"] = time.perf_counter() - t0
-    return result
+    return dataclasses.replace(
+        result,
+        model={"path": str(model.path), "model_type": model.model_type, "architecture": model.architecture,
+               "num_layers": model.num_layers, "hidden_size": model.hidden_size, "moe_layers": sorted(ckpt.moe_layers),
+               "quantization": (model.quantization or {}).get("quant_method")},
+        probe={"num_samples": len(samples), "num_tokens": sum(s.num_tokens for s in samples),
+               "samples": [{"sample_id": s.sample_id, "source": s.source, "row": s.row,
+                            "num_tokens": s.num_tokens, "truncated": s.truncated} for s in samples]},
+        storage=storage_rounding([r for r in runs if r.label != reference], storage_dtype),
+        seconds={"analysis": time.perf_counter() - t0})
 
 
 def report_config(cfg: DiffConfig, **extra: Any) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 compared (pipeline.compare.comparison) and reported."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -76,7 +77,8 @@ def run_diff(dcfg: DictConfig) -> DiffOutcome:
     result = compare(runs, reference=runs[0].label, model=model, samples=samples, cfg=cfg.diff,
                      storage_dtype=cfg.runner.storage_dtype)
     t0 = time.perf_counter()
-    result.seconds["engines"] = sum(r.seconds.get("total", 0.0) for r in runs)
+    result = dataclasses.replace(result, seconds={**result.seconds,
+                                                  "engines": sum(r.seconds.get("total", 0.0) for r in runs)})
     write_report(result, out_dir, config=report_config(cfg.diff, command="pipeline.diff"), html=cfg.diff.html)
-    result.seconds["report"] = time.perf_counter() - t0
+    result = dataclasses.replace(result, seconds={**result.seconds, "report": time.perf_counter() - t0})
     return DiffOutcome(result=result, report_dir=out_dir, seconds=time.perf_counter() - started)

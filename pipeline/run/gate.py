@@ -138,7 +138,8 @@ class DiffGate:
         t2 = time.perf_counter()
         self.seconds["analysis"] = t2 - t1
         report_dir = self.out_dir / DIFF_DIR
-        result.seconds.update({f"gate {k}": v for k, v in self.seconds.items()})
+        result = dataclasses.replace(result, seconds={**result.seconds,
+                                                      **{f"gate {k}": v for k, v in self.seconds.items()}})
         # Plots are for people, not for the decision: drawn now when the gate fails (the stop message points at
         # them), after the run for diff.gate_html=always, and otherwise on demand from report.json.
         fails = result.status == "fail"
