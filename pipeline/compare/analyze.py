@@ -26,6 +26,7 @@ from pipeline.compare.judge import (
     pair_dtype,
     relocate,
 )
+from pipeline.compare.kinds import Check, PairKind, Status
 from pipeline.compare.metrics import PointStats, point_stats
 from pipeline.compare.probe import ProbeCapture
 from pipeline.config import DiffConfig, Thresholds
@@ -35,7 +36,7 @@ from pipeline.points import FINAL_NORM, Point, canonical_order
 
 @dataclass(kw_only=True)
 class PairResult:
-    kind: str  # reference | pair | determinism | batch
+    kind: PairKind
     a: str  # the side relative errors are measured against
     b: str
     name: str
@@ -52,14 +53,14 @@ class AnchorCheck:
     check: str  # embedding | final_norm
     rel_l2: float
     max_abs: float
-    status: str  # ok | fail
+    status: Check
     detail: str
 
 
 @dataclass(frozen=True, kw_only=True)
 class DiffResult:
     """A finished comparison: `compare` returns it complete and nothing changes it afterwards."""
-    status: str  # pass | warn | fail
+    status: Status
     reference: str
     runs: list[ProbeCapture]
     pairs: list[PairResult] = field(default_factory=list)
@@ -130,7 +131,7 @@ class Analysis:
     def _stats(self, a_parts, b_parts) -> PointStats:
         return point_stats(a_parts, b_parts, token_level=self.cfg.routing_flips.token_level)
 
-    def _judge(self, kind: str, name: str, labels: list[str], stats: dict[str, PointStats], dtype: str,
+    def _judge(self, kind: PairKind, name: str, labels: list[str], stats: dict[str, PointStats], dtype: str,
                logits: LogitStats | None, judged: bool, a: str, b: str) -> PairResult:
         t = self.thresholds(dtype)
         v = judge_points(stats, labels, name=name, dtype=dtype, t=t, flip_cfg=self.cfg.routing_flips,
@@ -139,18 +140,18 @@ class Analysis:
         return PairResult(kind=kind, a=a, b=b, name=name, labels=labels, points=stats, logits=logits, verdict=v,
                           judged=judged)
 
-    def engine_pair(self, a: ProbeCapture, b: ProbeCapture, kind: str) -> PairResult:
+    def engine_pair(self, a: ProbeCapture, b: ProbeCapture, kind: PairKind) -> PairResult:
         labels = [p.label for p in canonical_order(p for p in b.points if p in set(a.points))]
         stats = {x: self._stats(a.point(x), b.point(x)) for x in labels}
         name = f"{b.label} vs {a.label}"
         return self._judge(kind, name, labels, stats, self.dtype_of(a, b), self.logit_stats(a, b),
-                           kind == "reference", a.label, b.label)
+                           kind == PairKind.REFERENCE, a.label, b.label)
 
     def determinism(self, run: ProbeCapture) -> list[PairResult]:
         out = []
         for k in range(1, len(run.repeats) + 1):
             stats = {x: self._stats(run.point(x), run.point(x, f"repeat{k}")) for x in run.labels}
-            out.append(self._judge("determinism", f"{run.label} run {k + 1} vs run 1", run.labels, stats,
+            out.append(self._judge(PairKind.DETERMINISM, f"{run.label} run {k + 1} vs run 1", run.labels, stats,
                                    self.dtype_of(run),
                                    None, True, f"{run.label} run 1", f"{run.label} run {k + 1}"))
         return out
@@ -161,8 +162,8 @@ class Analysis:
         idx = sorted(run.alone)
         stats = {x: self._stats(run.point(x, "alone"), run.point(x, "batch", idx)) for x in run.labels}
         name = f"{run.label} in a batch of {len(self.samples)} vs alone"
-        return self._judge("batch", name, run.labels, stats, self.dtype_of(run), None, True, f"{run.label} alone",
-                           f"{run.label} in batch")
+        return self._judge(PairKind.BATCH, name, run.labels, stats, self.dtype_of(run), None, True,
+                           f"{run.label} alone", f"{run.label} in batch")
 
     # --- anchors -----------------------------------------------------------------------------------------------
     def anchors(self, run: ProbeCapture) -> list[AnchorCheck]:
@@ -184,7 +185,7 @@ class Analysis:
         reasons = over_reasons(s, t)
         detail = claim + (": " + "; ".join(reasons) if reasons else f" (rel L2 {s.rel_l2:.2e})")
         return AnchorCheck(engine=run.label, check=check, rel_l2=s.rel_l2, max_abs=s.max_abs,
-                           status="fail" if reasons else "ok", detail=detail)
+                           status=Check.FAIL if reasons else Check.OK, detail=detail)
 
     # --- all ---------------------------------------------------------------------------------------------------
     def _against_reference(self, others: Sequence[ProbeCapture]) -> tuple[list[PairResult], list[Alignment]]:
@@ -192,11 +193,11 @@ class Analysis:
         ref = self.runs[self.reference]
         pairs, alignments = [], []
         for r in others if ref.ok else []:
-            pair = self.engine_pair(ref, r, "reference")
+            pair = self.engine_pair(ref, r, PairKind.REFERENCE)
             v = pair.verdict
-            al = align(r, ref, self.cfg.alignment, diverged_from=v.onset if v.status == "fail" else None)
+            al = align(r, ref, self.cfg.alignment, diverged_from=v.onset if v.status == Status.FAIL else None)
             explained = al.problem_for(v.onset) if v.onset else None
-            if explained and v.status == "fail":
+            if explained and v.status == Status.FAIL:
                 relocate(v, pair.name, f"capture convention, not numerics: {explained}")
             alignments.append(al)
             pairs.append(pair)
@@ -208,7 +209,7 @@ class Analysis:
         ok = [r for r in self.runs.values() if r.ok]
         others = [r for r in ok if r.label != self.reference]
         pairs, alignments = self._against_reference(others)
-        pairs += [self.engine_pair(a, b, "pair") for a, b in itertools.combinations(others, 2)]
+        pairs += [self.engine_pair(a, b, PairKind.PAIR) for a, b in itertools.combinations(others, 2)]
         anchors: list[AnchorCheck] = []
         for r in ok:
             pairs += self.determinism(r)
@@ -217,7 +218,8 @@ class Analysis:
                 pairs.append(batch)
             anchors += self.anchors(r)
         failures, warnings = _findings(list(self.runs.values()), self.notes, alignments, anchors, pairs)
-        return DiffResult(status="fail" if failures else ("warn" if warnings else "pass"), reference=self.reference,
+        status = Status.FAIL if failures else (Status.WARN if warnings else Status.PASS)
+        return DiffResult(status=status, reference=self.reference,
                           runs=list(self.runs.values()), pairs=pairs, alignments=alignments, anchors=anchors,
                           failures=failures, warnings=warnings,
                           thresholds={k: dataclasses.asdict(v) for k, v in self.cfg.thresholds.items()})
@@ -233,8 +235,8 @@ def _findings(runs: Sequence[ProbeCapture], notes: Sequence[str], alignments: Se
         elif r.error:
             failures.append(f"engine {r.label} did not run: {r.error}")
     for al in alignments:
-        (failures if al.status == "fail" else warnings).extend(f"alignment: {p}" for p in al.problems)
-    failures += [f"{an.engine}: {an.detail}" for an in anchors if an.status == "fail"]
+        (failures if al.status == Check.FAIL else warnings).extend(f"alignment: {p}" for p in al.problems)
+    failures += [f"{an.engine}: {an.detail}" for an in anchors if an.status == Check.FAIL]
     for pair in pairs:
         if pair.judged:
             failures += pair.verdict.failures

@@ -2,8 +2,8 @@
 
 `ProbeRequest` is one engine of a comparison (its spec, checkpoint and points); `ProbeCapture` is what it returned:
 the batch capture (per sample `[T, P, H]` in the engine's dtype), its repeats (run-to-run determinism), captures of
-some samples alone (batch-composition dependence), what the engine reports it ran, and timings. An engine that fails is recorded with its error, so a multi-engine report still shows
-the others.
+some samples alone (batch-composition dependence), what the engine reports it ran, and timings. An engine that
+fails is recorded with its error, so a multi-engine report still shows the others.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from pipeline.compare.kinds import Role, Step
 from pipeline.config import ProbeConfig
 from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, PreparedSample
 from pipeline.engines.base import Engine, first_line
@@ -56,7 +57,7 @@ def probe_samples(samples: Sequence[PreparedSample], probe: ProbeConfig) -> list
 class ProbeRequest:
     """One engine of a comparison, as asked for: what to make and which points it captures."""
     label: str
-    role: str  # reference | primary | engine
+    role: Role
     spec: EngineSpec
     model_path: str
     points: list[Point]
@@ -87,7 +88,7 @@ class ProbeCapture:
     alone: dict[int, torch.Tensor] = field(default_factory=dict)  # probe index -> capture alone
     seconds: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # the error's first line (the log has its traceback)
-    failed_at: str | None = None  # make | start | probe: which step of probe_engine raised `error`
+    failed_at: Step | None = None  # which step of probe_engine raised `error`
     ran_on: str | None = None  # host and process that started the engine (on a cluster: which node)
 
     # The request's fields, read through the capture by the analysis and the reports.
@@ -101,7 +102,7 @@ class ProbeCapture:
 
     @property
     def start_failed(self) -> bool:
-        return self.failed_at == "start"
+        return self.failed_at == Step.START
 
     @property
     def ok(self) -> bool:
@@ -164,7 +165,7 @@ def capture_probe(request: ProbeRequest, engine: Probeable, samples: Sequence[Pr
             got["alone"] = {i: _capture(engine, [samples[i]], 1, **kw)[0] for i in range(probe.alone)}
         got["seconds"]["alone"] = time.perf_counter() - t0
     except Exception as e:  # recorded: the report names the engine and the error; the verdict fails
-        got.update(error=first_line(e), failed_at="probe")
+        got.update(error=first_line(e), failed_at=Step.PROBE)
         log.error("engine %s failed (probe): %s\n%s", request.label, got["error"], traceback.format_exc())
     return ProbeCapture(request=request, **got)
 
@@ -176,14 +177,14 @@ def probe_engine(request: ProbeRequest, samples: Sequence[PreparedSample], probe
     t0 = time.perf_counter()
     ran_on = f"{socket.gethostname()} pid {os.getpid()}"
     captured, seconds = ProbeCapture(request=request), {}
-    step = "make"
+    step = Step.MAKE
     try:
         engine = request.make(num_layers, max_seq_len=max((s.num_tokens for s in samples), default=None))
         try:
-            step = "start"
+            step = Step.START
             engine.start()
             seconds["start"] = time.perf_counter() - t0
-            step = "probe"
+            step = Step.PROBE
             captured = capture_probe(request, engine, samples, probe, hidden_size=hidden_size)
         finally:
             t1 = time.perf_counter()

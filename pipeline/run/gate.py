@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pipeline.compare.analyze import DiffResult, all_points
+from pipeline.compare.kinds import PairKind, Role, Status
 from pipeline.compare.lineup import comparison
 from pipeline.compare.probe import ProbeCapture, ProbeRequest, capture_probe, probe_engine, probe_samples
 from pipeline.compare.report import write_html, write_report
@@ -40,7 +41,7 @@ class DiffGateError(Refused, RuntimeError):
 @dataclass(kw_only=True)
 class GateOutcome:
     mode: str  # stop | warn | off
-    status: str  # pass | warn | fail | off
+    status: Status
     summary: dict[str, Any]
     report_dir: Path | None = None
     parts: dict[str, float] = field(default_factory=dict)  # where the gate's time went
@@ -54,7 +55,7 @@ class GateOutcome:
 
 
 def off() -> GateOutcome:
-    return GateOutcome(mode="off", status="off", summary={"status": "off", "gate": "off"})
+    return GateOutcome(mode="off", status=Status.OFF, summary={"status": Status.OFF, "gate": "off"})
 
 
 class GateOff:
@@ -122,8 +123,9 @@ class DiffGate:
         DiffGateError) or warn when it fails."""
         t0 = time.perf_counter()
         c = self.cfg
-        request = ProbeRequest(label=primary_label(c), role="primary", spec=c.engine, model_path=str(self.model.path),
-                               points=self.points, trust_remote_code=c.model.trust_remote_code)
+        request = ProbeRequest(label=primary_label(c), role=Role.PRIMARY, spec=c.engine,
+                               model_path=str(self.model.path), points=self.points,
+                               trust_remote_code=c.model.trust_remote_code)
         # An error is in the capture: the report says so and the gate fails.
         run = capture_probe(request, executor, self.samples, c.diff.gate_probe, hidden_size=self.model.hidden_size)
         self.seconds["primary probe"] = time.perf_counter() - t0
@@ -142,7 +144,7 @@ class DiffGate:
                                                       **{f"gate {k}": v for k, v in self.seconds.items()}})
         # Plots are for people, not for the decision: drawn now when the gate fails (the stop message points at
         # them), after the run for diff.gate_html=always, and otherwise on demand from report.json.
-        fails = result.status == "fail"
+        fails = result.status == Status.FAIL
         self._html_due = not fails and c.diff.gate_html == "always"
         write_report(result, report_dir, config=report_config(c.diff, command="pipeline.extract gate"),
                      html=fails and c.diff.gate_html != "never")
@@ -151,7 +153,7 @@ class DiffGate:
                               parts=dict(self.seconds), result=result,
                               summary=summary(result, report=f"{DIFF_DIR}/report.json"),
                               lines=result.failures + result.warnings)
-        if result.status == "fail":
+        if result.status == Status.FAIL:
             message = _stop_message(result, report_dir)
             if c.diff.gate == "stop":
                 raise DiffGateError(message)
@@ -205,8 +207,8 @@ def describe(outcome: GateOutcome, run_seconds: float) -> list[str]:
 def primary_divergence(outcome: GateOutcome) -> tuple[str, dict[str, float]] | None:
     """(pair name, rel L2 per point) of the primary engine against the reference, as the gate measured it."""
     result = outcome.result
-    primary = next((r.label for r in result.runs if r.role == "primary"), None) if result else None
-    pair = next((p for p in result.pairs if p.kind == "reference" and p.b == primary), None) if result else None
+    primary = next((r.label for r in result.runs if r.role == Role.PRIMARY), None) if result else None
+    pair = next((p for p in result.pairs if p.kind == PairKind.REFERENCE and p.b == primary), None) if result else None
     return None if pair is None else (pair.name, {k: s.rel_l2 for k, s in pair.points.items()})
 
 
