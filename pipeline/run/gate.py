@@ -95,11 +95,11 @@ class DiffGate:
         others = comparison(cfg.diff.reference, cfg.diff.gate_engines, "diff.gate_engines", model=model,
                             all_points=all_points(model.num_layers), points=points,
                             trust_remote_code=cfg.model.trust_remote_code)
-        for run in others:  # constructing loads nothing; an engine whose environment is absent fails here
+        for request in others:  # constructing loads nothing; an engine whose environment is absent fails here
             try:
-                run.make(model.num_layers)
+                request.make(model.num_layers)
             except FileNotFoundError as err:
-                raise ConfigError(f"diff gate engine {run.label} ({run.role}): {err}") from err
+                raise ConfigError(f"diff gate engine {request.label} ({request.role}): {err}") from err
         return cls(cfg, model, points, out_dir, others)
 
     def probe_references(self, samples: Sequence[PreparedSample], executor: Executor) -> None:
@@ -109,9 +109,9 @@ class DiffGate:
         probe = self.cfg.diff.gate_probe
         self.samples = probe_samples(samples, probe)
         once = dataclasses.replace(probe, repeats=1, alone=0)
-        for run in self.others:
-            log.info("diff gate: probing %s (%s)", run.label, run.role)
-            self.runs.append(executor.run_beside(probe_engine, run, self.samples, once,
+        for request in self.others:
+            log.info("diff gate: probing %s (%s)", request.label, request.role)
+            self.runs.append(executor.run_beside(probe_engine, request, self.samples, once,
                                                  num_layers=self.model.num_layers, hidden_size=self.model.hidden_size))
         self.seconds["references"] = time.perf_counter() - t0
         if self.cfg.diff.gate == "stop" and any(r.start_failed for r in self.runs):
