@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipeline.compare.kinds import Check, Match
 from pipeline.compare.metrics import as_float, per_token_rel_l2
-from pipeline.compare.probe import ProbeRun
+from pipeline.compare.probe import ProbeCapture
 from pipeline.config import AlignmentConfig
 from pipeline.points import FINAL_NORM
 
@@ -27,7 +28,7 @@ class PointMatch:
     runner_up: str | None  # the second nearest reference point
     runner_up_distance: float | None
     votes: float  # fraction of tokens whose nearest reference point is `matched`
-    status: str  # ok | misaligned | missing | ambiguous | unverified
+    status: Match
 
 
 @dataclass(kw_only=True)
@@ -40,7 +41,7 @@ class Alignment:
     matches: list[PointMatch] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    status: str = "ok"  # ok | warn | fail
+    status: Check = Check.OK
     problem_of: dict[str, str] = field(default_factory=dict)  # claimed point -> the problem naming it
 
     def problem_for(self, claimed: str) -> str | None:
@@ -56,13 +57,13 @@ def _match(claimed: str, row: list[float], cols: list[str], votes: float, cfg: A
     best, second = order[0], (order[1] if len(order) > 1 else None)
     own = row[cols.index(claimed)] if claimed in cols else None
     if row[best] > cfg.max_distance:
-        status = "missing"
+        status = Match.MISSING
     elif cols[best] != claimed:
-        status = "misaligned" if own is None or own >= cfg.margin * max(row[best], 1e-30) else "ambiguous"
+        status = Match.MISALIGNED if own is None or own >= cfg.margin * max(row[best], 1e-30) else Match.AMBIGUOUS
     elif second is not None and row[second] < cfg.margin * row[best]:
-        status = "ambiguous"
+        status = Match.AMBIGUOUS
     else:
-        status = "ok"
+        status = Match.OK
     return PointMatch(claimed=claimed, matched=cols[best], distance=row[best], claimed_distance=own,
                       runner_up=cols[second] if second is not None else None,
                       runner_up_distance=row[second] if second is not None else None, votes=votes, status=status)
@@ -75,7 +76,7 @@ def _order(label: str) -> int:
 
 def _describe_misaligned(m: PointMatch, by_claim: dict[str, PointMatch], engine: str) -> str:
     other = by_claim.get(m.matched)
-    if other is not None and other.matched == m.claimed and other.status == "misaligned":
+    if other is not None and other.matched == m.claimed and other.status == Match.MISALIGNED:
         x, y = sorted((m.claimed, m.matched), key=_order)
         return f"{engine}'s {x} and {y} are swapped: its {x} is reference {y} and its {y} is reference {x}"
     own = f"{m.claimed_distance:.3g}" if m.claimed_distance is not None else "n/a"
@@ -106,16 +107,16 @@ def _problems(matches: list[PointMatch], engine: str, cfg: AlignmentConfig) -> d
     by_claim = {m.claimed: m for m in matches}
     problems: dict[str, str] = {}
     for m in matches:
-        if m.status == "missing":
+        if m.status == Match.MISSING:
             problems[m.claimed] = (f"{engine}'s {m.claimed} matches no reference point (nearest: {m.matched} at "
                                    f"{m.distance:.3g} > diff.alignment.max_distance={cfg.max_distance})")
-        elif m.status == "misaligned":
+        elif m.status == Match.MISALIGNED:
             problems[m.claimed] = _describe_misaligned(m, by_claim, engine)
-        elif m.status == "ambiguous":
+        elif m.status == Match.AMBIGUOUS:
             problems[m.claimed] = _describe_ambiguous(m, engine, cfg)
     matched: dict[str, list[str]] = {}
     for m in matches:
-        if m.status in ("ok", "misaligned", "ambiguous"):
+        if m.status in (Match.OK, Match.MISALIGNED, Match.AMBIGUOUS):
             matched.setdefault(m.matched, []).append(m.claimed)
     for ref, claims in matched.items():
         if len(claims) > 1:
@@ -134,13 +135,13 @@ def _unverifiable(matches: list[PointMatch], rows: list[str], diverged_from: str
     start = rows.index(diverged_from)
     out = []
     for m in matches[start:]:
-        if m.status == "ambiguous" or (m.status == "missing" and m.claimed_distance == m.distance):
-            m.status = "unverified"
+        if m.status == Match.AMBIGUOUS or (m.status == Match.MISSING and m.claimed_distance == m.distance):
+            m.status = Match.UNVERIFIED
             out.append(m.claimed)
     return out
 
 
-def _distance_matrix(engine: ProbeRun, reference: ProbeRun) -> tuple[list[list[float]], list[list[float]]]:
+def _distance_matrix(engine: ProbeCapture, reference: ProbeCapture) -> tuple[list[list[float]], list[list[float]]]:
     """[row][col] median per-token relative L2, and per row the fraction of tokens nearest to each column. One
     reference point is in float32 at a time (Kimi: 63 points x 7168 per token)."""
     rows, cols = engine.labels, reference.labels
@@ -160,7 +161,7 @@ def _distance_matrix(engine: ProbeRun, reference: ProbeRun) -> tuple[list[list[f
     return distances, votes
 
 
-def align(engine: ProbeRun, reference: ProbeRun, cfg: AlignmentConfig,
+def align(engine: ProbeCapture, reference: ProbeCapture, cfg: AlignmentConfig,
           diverged_from: str | None = None) -> Alignment:
     """`diverged_from`: the first point where the engine's states fail the thresholds (from the comparison)."""
     cols, rows = reference.labels, engine.labels
@@ -177,9 +178,9 @@ def align(engine: ProbeRun, reference: ProbeRun, cfg: AlignmentConfig,
     if unverified:
         result.notes.append(f"{engine.label}'s {', '.join(unverified)} cannot be verified by the matrix: its states "
                             f"diverge numerically from {diverged_from} on (see the comparison)")
-    hard = any(m.status in ("missing", "misaligned") for m in matches) or any("captured twice" in p
+    hard = any(m.status in (Match.MISSING, Match.MISALIGNED) for m in matches) or any("captured twice" in p
                                                                             for p in result.problems)
-    soft = any(m.status == "ambiguous" for m in matches)
-    result.status = "fail" if hard or (soft and cfg.ambiguous == "fail") else ("warn" if soft else "ok")
+    soft = any(m.status == Match.AMBIGUOUS for m in matches)
+    result.status = Check.FAIL if hard or (soft and cfg.ambiguous == "fail") else (Check.WARN if soft else Check.OK)
     return result
 

@@ -26,8 +26,9 @@ from pipeline.compare.judge import (
     pair_dtype,
     relocate,
 )
+from pipeline.compare.kinds import Check, PairKind, Status
 from pipeline.compare.metrics import PointStats, point_stats
-from pipeline.compare.probe import ProbeRun
+from pipeline.compare.probe import ProbeCapture
 from pipeline.config import DiffConfig, Thresholds
 from pipeline.core.contracts import PreparedSample
 from pipeline.points import FINAL_NORM, Point, canonical_order
@@ -35,7 +36,7 @@ from pipeline.points import FINAL_NORM, Point, canonical_order
 
 @dataclass(kw_only=True)
 class PairResult:
-    kind: str  # reference | pair | determinism | batch
+    kind: PairKind
     a: str  # the side relative errors are measured against
     b: str
     name: str
@@ -52,15 +53,16 @@ class AnchorCheck:
     check: str  # embedding | final_norm
     rel_l2: float
     max_abs: float
-    status: str  # ok | fail
+    status: Check
     detail: str
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class DiffResult:
-    status: str  # pass | warn | fail
+    """A finished comparison: `compare` returns it complete and nothing changes it afterwards."""
+    status: Status
     reference: str
-    runs: list[ProbeRun]
+    runs: list[ProbeCapture]
     pairs: list[PairResult] = field(default_factory=list)
     alignments: list[Alignment] = field(default_factory=list)
     anchors: list[AnchorCheck] = field(default_factory=list)
@@ -76,7 +78,7 @@ class DiffResult:
 
 
 class Analysis:
-    def __init__(self, runs: Sequence[ProbeRun], reference: str, *, ckpt: Checkpoint, cfg: DiffConfig,
+    def __init__(self, runs: Sequence[ProbeCapture], reference: str, *, ckpt: Checkpoint, cfg: DiffConfig,
                  num_layers: int, samples: Sequence[PreparedSample]) -> None:
         self.runs = {r.label: r for r in runs}
         self.reference = reference
@@ -88,7 +90,7 @@ class Analysis:
     def thresholds(self, dtype: str) -> Thresholds:
         return self.cfg.thresholds[dtype]
 
-    def dtype_of(self, *runs: ProbeRun) -> str:
+    def dtype_of(self, *runs: ProbeCapture) -> str:
         """The dtype a comparison is judged by: the least precise one the engines report (never a silent guess)."""
         for r in runs:
             if r.dtype not in self.cfg.thresholds:
@@ -101,7 +103,7 @@ class Analysis:
         return judged if judged in self.cfg.thresholds else min(self.cfg.thresholds, key=lambda d: PRECISION.get(d, 0))
 
     # --- logits ------------------------------------------------------------------------------------------------
-    def _normed(self, run: ProbeRun) -> tuple[torch.Tensor, str] | None:
+    def _normed(self, run: ProbeCapture) -> tuple[torch.Tensor, str] | None:
         if FINAL_NORM in run.labels:
             return torch.cat([x.float() for x in run.point(FINAL_NORM)]), "final_norm"
         last = f"b{self.num_layers}"
@@ -109,12 +111,12 @@ class Analysis:
             return self.ckpt.final_norm(torch.cat([x.float() for x in run.point(last)])), f"{last} + checkpoint norm"
         return None
 
-    def normed(self, run: ProbeRun) -> tuple[torch.Tensor, str] | None:
+    def normed(self, run: ProbeCapture) -> tuple[torch.Tensor, str] | None:
         if run.label not in self._normed_cache:
             self._normed_cache[run.label] = self._normed(run)
         return self._normed_cache[run.label]
 
-    def logit_stats(self, a: ProbeRun, b: ProbeRun) -> LogitStats | None:
+    def logit_stats(self, a: ProbeCapture, b: ProbeCapture) -> LogitStats | None:
         if not self.cfg.logits:
             return None
         na, nb = self.normed(a), self.normed(b)
@@ -129,7 +131,7 @@ class Analysis:
     def _stats(self, a_parts, b_parts) -> PointStats:
         return point_stats(a_parts, b_parts, token_level=self.cfg.routing_flips.token_level)
 
-    def _judge(self, kind: str, name: str, labels: list[str], stats: dict[str, PointStats], dtype: str,
+    def _judge(self, kind: PairKind, name: str, labels: list[str], stats: dict[str, PointStats], dtype: str,
                logits: LogitStats | None, judged: bool, a: str, b: str) -> PairResult:
         t = self.thresholds(dtype)
         v = judge_points(stats, labels, name=name, dtype=dtype, t=t, flip_cfg=self.cfg.routing_flips,
@@ -138,33 +140,33 @@ class Analysis:
         return PairResult(kind=kind, a=a, b=b, name=name, labels=labels, points=stats, logits=logits, verdict=v,
                           judged=judged)
 
-    def engine_pair(self, a: ProbeRun, b: ProbeRun, kind: str) -> PairResult:
+    def engine_pair(self, a: ProbeCapture, b: ProbeCapture, kind: PairKind) -> PairResult:
         labels = [p.label for p in canonical_order(p for p in b.points if p in set(a.points))]
         stats = {x: self._stats(a.point(x), b.point(x)) for x in labels}
         name = f"{b.label} vs {a.label}"
         return self._judge(kind, name, labels, stats, self.dtype_of(a, b), self.logit_stats(a, b),
-                           kind == "reference", a.label, b.label)
+                           kind == PairKind.REFERENCE, a.label, b.label)
 
-    def determinism(self, run: ProbeRun) -> list[PairResult]:
+    def determinism(self, run: ProbeCapture) -> list[PairResult]:
         out = []
         for k in range(1, len(run.repeats) + 1):
             stats = {x: self._stats(run.point(x), run.point(x, f"repeat{k}")) for x in run.labels}
-            out.append(self._judge("determinism", f"{run.label} run {k + 1} vs run 1", run.labels, stats,
+            out.append(self._judge(PairKind.DETERMINISM, f"{run.label} run {k + 1} vs run 1", run.labels, stats,
                                    self.dtype_of(run),
                                    None, True, f"{run.label} run 1", f"{run.label} run {k + 1}"))
         return out
 
-    def batch(self, run: ProbeRun) -> PairResult | None:
+    def batch(self, run: ProbeCapture) -> PairResult | None:
         if not run.alone:
             return None
         idx = sorted(run.alone)
         stats = {x: self._stats(run.point(x, "alone"), run.point(x, "batch", idx)) for x in run.labels}
         name = f"{run.label} in a batch of {len(self.samples)} vs alone"
-        return self._judge("batch", name, run.labels, stats, self.dtype_of(run), None, True, f"{run.label} alone",
-                           f"{run.label} in batch")
+        return self._judge(PairKind.BATCH, name, run.labels, stats, self.dtype_of(run), None, True,
+                           f"{run.label} alone", f"{run.label} in batch")
 
     # --- anchors -----------------------------------------------------------------------------------------------
-    def anchors(self, run: ProbeRun) -> list[AnchorCheck]:
+    def anchors(self, run: ProbeCapture) -> list[AnchorCheck]:
         t = self.thresholds(self.dtype_of(run))
         out = []
         if "b0" in run.labels:
@@ -178,59 +180,68 @@ class Analysis:
                                     f"final_norm is the checkpoint's RMSNorm of {last}"))
         return out
 
-    def _anchor(self, run: ProbeRun, check: str, expected, got, t: Thresholds, claim: str) -> AnchorCheck:
+    def _anchor(self, run: ProbeCapture, check: str, expected, got, t: Thresholds, claim: str) -> AnchorCheck:
         s = self._stats(expected, got)
         reasons = over_reasons(s, t)
         detail = claim + (": " + "; ".join(reasons) if reasons else f" (rel L2 {s.rel_l2:.2e})")
         return AnchorCheck(engine=run.label, check=check, rel_l2=s.rel_l2, max_abs=s.max_abs,
-                           status="fail" if reasons else "ok", detail=detail)
+                           status=Check.FAIL if reasons else Check.OK, detail=detail)
 
     # --- all ---------------------------------------------------------------------------------------------------
-    def run(self) -> DiffResult:
-        result = DiffResult(status="pass", reference=self.reference, runs=list(self.runs.values()),
-                            thresholds={k: dataclasses.asdict(v) for k, v in self.cfg.thresholds.items()})
-        for r in self.runs.values():
-            if r.start_failed:  # nothing was compared with it: not a numerics or convention finding
-                result.failures.append(f"engine {r.label} failed to start: {r.error}")
-            elif r.error:
-                result.failures.append(f"engine {r.label} did not run: {r.error}")
-        ok = [r for r in self.runs.values() if r.ok]
+    def _against_reference(self, others: Sequence[ProbeCapture]) -> tuple[list[PairResult], list[Alignment]]:
+        """Each engine against the reference, with its alignment (which explains a failing onset when it can)."""
         ref = self.runs[self.reference]
+        pairs, alignments = [], []
+        for r in others if ref.ok else []:
+            pair = self.engine_pair(ref, r, PairKind.REFERENCE)
+            v = pair.verdict
+            al = align(r, ref, self.cfg.alignment, diverged_from=v.onset if v.status == Status.FAIL else None)
+            explained = al.problem_for(v.onset) if v.onset else None
+            if explained and v.status == Status.FAIL:
+                relocate(v, pair.name, f"capture convention, not numerics: {explained}")
+            alignments.append(al)
+            pairs.append(pair)
+        return pairs, alignments
+
+    def run(self) -> DiffResult:
+        """Every comparison, collected into one finished DiffResult (the caller adds what the analysis cannot
+        know with `dataclasses.replace`)."""
+        ok = [r for r in self.runs.values() if r.ok]
         others = [r for r in ok if r.label != self.reference]
-        if ref.ok:
-            for r in others:
-                pair = self.engine_pair(ref, r, "reference")
-                v = pair.verdict
-                al = align(r, ref, self.cfg.alignment, diverged_from=v.onset if v.status == "fail" else None)
-                explained = al.problem_for(v.onset) if v.onset else None
-                if explained and v.status == "fail":
-                    relocate(v, pair.name, f"capture convention, not numerics: {explained}")
-                result.alignments.append(al)
-                result.pairs.append(pair)
-        for a, b in itertools.combinations(others, 2):
-            result.pairs.append(self.engine_pair(a, b, "pair"))
+        pairs, alignments = self._against_reference(others)
+        pairs += [self.engine_pair(a, b, PairKind.PAIR) for a, b in itertools.combinations(others, 2)]
+        anchors: list[AnchorCheck] = []
         for r in ok:
-            result.pairs += self.determinism(r)
+            pairs += self.determinism(r)
             batch = self.batch(r)
             if batch is not None:
-                result.pairs.append(batch)
-            result.anchors += self.anchors(r)
-        self._collect(result)
-        return result
+                pairs.append(batch)
+            anchors += self.anchors(r)
+        failures, warnings = _findings(list(self.runs.values()), self.notes, alignments, anchors, pairs)
+        status = Status.FAIL if failures else (Status.WARN if warnings else Status.PASS)
+        return DiffResult(status=status, reference=self.reference,
+                          runs=list(self.runs.values()), pairs=pairs, alignments=alignments, anchors=anchors,
+                          failures=failures, warnings=warnings,
+                          thresholds={k: dataclasses.asdict(v) for k, v in self.cfg.thresholds.items()})
 
-    def _collect(self, result: DiffResult) -> None:
-        result.warnings += self.notes
-        for al in result.alignments:
-            (result.failures if al.status == "fail" else result.warnings).extend(
-                f"alignment: {p}" for p in al.problems)
-        for an in result.anchors:
-            if an.status == "fail":
-                result.failures.append(f"{an.engine}: {an.detail}")
-        for pair in result.pairs:
-            if pair.judged:
-                result.failures += pair.verdict.failures
-                result.warnings += pair.verdict.warnings
-        result.status = "fail" if result.failures else ("warn" if result.warnings else "pass")
+
+def _findings(runs: Sequence[ProbeCapture], notes: Sequence[str], alignments: Sequence[Alignment],
+              anchors: Sequence[AnchorCheck], pairs: Sequence[PairResult]) -> tuple[list[str], list[str]]:
+    """(failures, warnings) of the whole comparison, in the order the report lists them."""
+    failures, warnings = [], list(notes)
+    for r in runs:
+        if r.start_failed:  # nothing was compared with it: not a numerics or convention finding
+            failures.append(f"engine {r.label} failed to start: {r.error}")
+        elif r.error:
+            failures.append(f"engine {r.label} did not run: {r.error}")
+    for al in alignments:
+        (failures if al.status == Check.FAIL else warnings).extend(f"alignment: {p}" for p in al.problems)
+    failures += [f"{an.engine}: {an.detail}" for an in anchors if an.status == Check.FAIL]
+    for pair in pairs:
+        if pair.judged:
+            failures += pair.verdict.failures
+            warnings += pair.verdict.warnings
+    return failures, warnings
 
 
 def all_points(num_layers: int) -> list[Point]:

@@ -13,7 +13,7 @@ import torch
 
 from pipeline.compare.analyze import Analysis, DiffResult
 from pipeline.compare.anchors import Checkpoint
-from pipeline.compare.probe import ProbeRun
+from pipeline.compare.probe import ProbeCapture
 from pipeline.config import DiffConfig
 from pipeline.core.contracts import PreparedSample
 from pipeline.models.info import ModelInfo
@@ -35,7 +35,7 @@ def _threads_for(num_values: int):
         torch.set_num_threads(before)
 
 
-def storage_rounding(runs: Sequence[ProbeRun], storage_dtype: str | None) -> dict[str, Any] | None:
+def storage_rounding(runs: Sequence[ProbeCapture], storage_dtype: str | None) -> dict[str, Any] | None:
     """What storing each run's states with `storage_dtype` costs: relative L2 per point of the stored-and-read-back
     states against the captured ones (the figure to set beside the engines' divergence); None when stored as
     captured."""
@@ -54,7 +54,7 @@ def storage_rounding(runs: Sequence[ProbeRun], storage_dtype: str | None) -> dic
     return out
 
 
-def compare(runs: Sequence[ProbeRun], *, reference: str, model: ModelInfo, samples: Sequence[PreparedSample],
+def compare(runs: Sequence[ProbeCapture], *, reference: str, model: ModelInfo, samples: Sequence[PreparedSample],
             cfg: DiffConfig, storage_dtype: str | None = None) -> DiffResult:
     """Analyse finished runs against the reference (checkpoint anchors and logits from the model's own files); with
     `storage_dtype`, also what storing each compared engine's states that way costs (`DiffResult.storage`)."""
@@ -63,16 +63,16 @@ def compare(runs: Sequence[ProbeRun], *, reference: str, model: ModelInfo, sampl
     size = sum(s.num_tokens for s in samples) * (model.num_layers + 2) * model.hidden_size
     with _threads_for(size):
         result = Analysis(runs, reference, ckpt=ckpt, cfg=cfg, num_layers=model.num_layers, samples=samples).run()
-    result.model = {"path": str(model.path), "model_type": model.model_type, "architecture": model.architecture,
-                    "num_layers": model.num_layers, "hidden_size": model.hidden_size,
-                    "moe_layers": sorted(ckpt.moe_layers),
-                    "quantization": (model.quantization or {}).get("quant_method")}
-    result.probe = {"num_samples": len(samples), "num_tokens": sum(s.num_tokens for s in samples),
-                    "samples": [{"sample_id": s.sample_id, "source": s.source, "row": s.row,
-                                 "num_tokens": s.num_tokens, "truncated": s.truncated} for s in samples]}
-    result.storage = storage_rounding([r for r in runs if r.label != reference], storage_dtype)
-    result.seconds["analysis"] = time.perf_counter() - t0
-    return result
+    return dataclasses.replace(
+        result,
+        model={"path": str(model.path), "model_type": model.model_type, "architecture": model.architecture,
+               "num_layers": model.num_layers, "hidden_size": model.hidden_size, "moe_layers": sorted(ckpt.moe_layers),
+               "quantization": (model.quantization or {}).get("quant_method")},
+        probe={"num_samples": len(samples), "num_tokens": sum(s.num_tokens for s in samples),
+               "samples": [{"sample_id": s.sample_id, "source": s.source, "row": s.row,
+                            "num_tokens": s.num_tokens, "truncated": s.truncated} for s in samples]},
+        storage=storage_rounding([r for r in runs if r.label != reference], storage_dtype),
+        seconds={"analysis": time.perf_counter() - t0})
 
 
 def report_config(cfg: DiffConfig, **extra: Any) -> dict[str, Any]:

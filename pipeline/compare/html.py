@@ -14,6 +14,7 @@ from markupsafe import Markup
 
 from pipeline.compare.align import Alignment
 from pipeline.compare.analyze import DiffResult, PairResult
+from pipeline.compare.kinds import Check, Match, PairKind, Status
 from pipeline.compare.serialize import load
 from pipeline.compare.tables import (
     ENGINE_HEADER,
@@ -174,7 +175,7 @@ def fig_alignment(al: Alignment) -> str:
     ax.set_xlabel(f"reference point ({al.reference})")
     for i, m in enumerate(al.matches):
         j = al.cols.index(m.matched)
-        ax.plot(j, i, marker="x", color="red" if m.status != "ok" else "white", markersize=10, mew=2)
+        ax.plot(j, i, marker="x", color="red" if m.status != Match.OK else "white", markersize=10, mew=2)
         if m.claimed in al.cols:
             ax.add_patch(plt.Rectangle((al.cols.index(m.claimed) - 0.5, i - 0.5), 1, 1, fill=False,
                                        edgecolor="orange", linewidth=2))
@@ -191,7 +192,7 @@ def _pair(pair: PairResult, threshold: float | None, plots: bool) -> dict:
     figures = []
     if plots:
         figures.append(fig_points(pair, threshold))
-        if pair.kind in ("reference", "pair") or pair.verdict.onset:
+        if pair.kind in (PairKind.REFERENCE, PairKind.PAIR) or pair.verdict.onset:
             figures.append(fig_positions(pair))
     v = pair.verdict
     return {"name": pair.name, "status": v.status, "dtype": v.dtype, "headline": v.headline,
@@ -206,7 +207,8 @@ def _alignment(al: Alignment) -> dict:
     return {"engine": al.engine, "status": al.status, "figure": Markup(fig_alignment(al)),
             "table": _table(["claimed", "matched", "distance", "to claimed", "runner-up", "votes", "status"], rows,
                             status_cols=(6,)),
-            "problems": al.problems, "problem_class": "fail" if al.status == "fail" else "warn", "notes": al.notes}
+            "problems": al.problems, "problem_class": Status.FAIL if al.status == Check.FAIL else Status.WARN,
+            "notes": al.notes}
 
 
 def _sections(result: DiffResult) -> list[dict]:
@@ -214,10 +216,10 @@ def _sections(result: DiffResult) -> list[dict]:
     for kind, title in KIND_TITLE.items():
         pairs = [p for p in result.pairs if p.kind == kind]
         if pairs:
-            plots = kind in ("reference", "pair")
+            plots = kind in (PairKind.REFERENCE, PairKind.PAIR)
             sections.append({"title": title, "pairs": [
                 _pair(p, result.thresholds.get(p.verdict.dtype, {}).get("rel_l2"),
-                      plots=plots or p.verdict.status != "pass") for p in pairs]})
+                      plots=plots or p.verdict.status != Status.PASS) for p in pairs]})
     return sections
 
 
@@ -225,7 +227,7 @@ def to_html(result: DiffResult) -> str:
     storage = None
     if result.storage:
         storage = {"title": storage_title(result), **_table(STORAGE_HEADER, storage_rows(result))}
-    ref_pairs = [p for p in result.pairs if p.kind == "reference"]
+    ref_pairs = [p for p in result.pairs if p.kind == PairKind.REFERENCE]
     anchors = [[a.engine, a.check, f"{a.rel_l2:.2e}", a.status, a.detail] for a in result.anchors]
     return _TEMPLATE.render(
         r=result, css=_CSS, engines=_table(ENGINE_HEADER, engine_rows(result)), storage=storage,

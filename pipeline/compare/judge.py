@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from pipeline.compare.kinds import PointVerdict, Status
 from pipeline.compare.metrics import PointStats
 from pipeline.config import RoutingFlipConfig, Thresholds
 from pipeline.points import FINAL_NORM
@@ -43,13 +44,13 @@ class LogitStats:
 
 @dataclass(kw_only=True)
 class Verdict:
-    status: str = "pass"  # pass | warn | fail
+    status: Status = Status.PASS
     dtype: str = "float32"
     onset: str | None = None  # the first point over the thresholds
     last_within: str | None = None  # the last point within them before the onset
     locus: str | None = None
     routing_flips: bool = False
-    point_status: dict[str, str] = field(default_factory=dict)  # ok | over | flips | downstream
+    point_status: dict[str, PointVerdict] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)  # what is over the thresholds at the onset
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -117,7 +118,7 @@ def judge_points(stats: Mapping[str, PointStats], labels: Sequence[str], *, name
     v = Verdict(dtype=dtype)
     onset = next((i for i, label in enumerate(labels) if over_reasons(stats[label], t)), None)
     for i, label in enumerate(labels):
-        v.point_status[label] = "ok" if onset is None or i < onset else "downstream"
+        v.point_status[label] = PointVerdict.OK if onset is None or i < onset else PointVerdict.DOWNSTREAM
     if onset is None:
         v.last_within = labels[-1] if labels else None
         v.headline = f"{name}: every point within {dtype} tolerance"
@@ -127,19 +128,19 @@ def judge_points(stats: Mapping[str, PointStats], labels: Sequence[str], *, name
     moe_before = any(k <= _boundary(label, num_layers) for k in moe) and bool(_span(labels, onset, num_layers))
     v.routing_flips = _flip_like(s, t, flip_cfg, moe_before)
     v.locus = _locus(labels, onset, stats, t, v.routing_flips, flip_cfg, moe, num_layers)
-    v.point_status[label] = "flips" if v.routing_flips else "over"
+    v.point_status[label] = PointVerdict.FLIPS if v.routing_flips else PointVerdict.OVER
     for later in labels[onset + 1:]:
-        v.point_status[later] = "flips" if v.routing_flips else "downstream"
+        v.point_status[later] = PointVerdict.FLIPS if v.routing_flips else PointVerdict.DOWNSTREAM
     v.reasons = over_reasons(s, t)
     worst = max(stats[x].rel_l2 for x in labels[onset:])
     if v.routing_flips:
-        v.status = "warn"
+        v.status = Status.WARN
         v.warnings.append(f"{name}: {_agree(v)}; from {label} on the divergence is consistent with MoE routing "
                           f"flips: at {label} {s.flip_fraction:.1%} of tokens are off by more than "
                           f"{flip_cfg.token_level:g} while the median token is at {s.p50:.2e}; rel L2 up to "
                           f"{worst:.2e} downstream")
     else:
-        v.status = "fail"
+        v.status = Status.FAIL
         v.failures.append(failure_text(name, v))
     v.headline = (v.warnings or v.failures)[0]
     return v
@@ -174,9 +175,9 @@ def judge_logits(v: Verdict, logits: LogitStats | None, t: Thresholds, name: str
     text = f"{name}: logits: {'; '.join(over)}"
     if v.routing_flips:
         v.warnings.append(text + " (downstream of the routing flips)")
-    elif v.status == "fail":
+    elif v.status == Status.FAIL:
         v.failures.append(text + f" (downstream of the divergence at {v.onset})")
     else:
-        v.status = "fail"
+        v.status = Status.FAIL
         v.failures.append(text + " although every compared hidden point is within tolerance")
         v.headline = v.failures[0]

@@ -1,4 +1,4 @@
-"""Which engines a comparison runs: config entries resolved against their presets and the model, as ProbeRuns.
+"""Which engines a comparison runs: config entries resolved against their presets and the model, as ProbeRequests.
 
 Every engine is made through `make_engine`, so an adapter that lands later (or one a test registers) is compared by
 naming it; an adapter in its own virtualenv runs in a worker through the same call.
@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipeline.compare.probe import ProbeRun
+from pipeline.compare.kinds import Role
+from pipeline.compare.probe import ProbeRequest
 from pipeline.config import ConfigError
 from pipeline.config.entries import EngineEntry, SpecError, parse_entries, parse_entry, to_spec, unique
 from pipeline.core.contracts import EngineSpec
@@ -49,11 +50,11 @@ def entry_spec(entry: EngineEntry, where: str) -> EngineSpec:
     return spec
 
 
-def probe_run(entry: EngineEntry, *, role: str, model: ModelInfo, points: Sequence[Point], where: str,
-              trust_remote_code: bool = False) -> ProbeRun:
+def probe_run(entry: EngineEntry, *, role: Role, model: ModelInfo, points: Sequence[Point], where: str,
+              trust_remote_code: bool = False) -> ProbeRequest:
     """The entry as one engine to probe; config errors name `where`."""
     spec = entry_spec(entry, where)
-    return ProbeRun(label=entry.display, role=role, spec=spec, model_path=_model_path(entry, model, where),
+    return ProbeRequest(label=entry.display, role=role, spec=spec, model_path=_model_path(entry, model, where),
                     points=list(points), trust_remote_code=trust_remote_code)
 
 
@@ -73,11 +74,11 @@ def other_entries(values: Any, where: str, reference: EngineEntry) -> list[Engin
     return entries[1:]
 
 
-def _entries(reference: Any, others: Any, where: str) -> list[tuple[str, str, EngineEntry]]:
+def _entries(reference: Any, others: Any, where: str) -> list[tuple[Role, str, EngineEntry]]:
     """(role, config path, entry): the reference first, then every other entry."""
     ref = reference_entry(reference)
-    return [("reference", "diff.reference", ref)] + [
-        ("engine", f"{where}[{i}]", entry) for i, entry in enumerate(other_entries(others, where, ref))]
+    return [(Role.REFERENCE, "diff.reference", ref)] + [
+        (Role.ENGINE, f"{where}[{i}]", entry) for i, entry in enumerate(other_entries(others, where, ref))]
 
 
 def check_entries(reference: Any, others: Any, where: str) -> None:
@@ -88,8 +89,8 @@ def check_entries(reference: Any, others: Any, where: str) -> None:
 
 
 def comparison(reference: Any, others: Any, where: str, *, model: ModelInfo, all_points: Sequence[Point],
-               points: Sequence[Point], trust_remote_code: bool = False) -> list[ProbeRun]:
+               points: Sequence[Point], trust_remote_code: bool = False) -> list[ProbeRequest]:
     """The reference (capturing `all_points`) first, then every other entry (capturing `points`)."""
-    return [probe_run(entry, role=role, model=model, points=all_points if role == "reference" else points, where=at,
+    return [probe_run(entry, role=role, model=model, points=all_points if role == Role.REFERENCE else points, where=at,
                       trust_remote_code=trust_remote_code)
             for role, at, entry in _entries(reference, others, where)]

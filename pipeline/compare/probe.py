@@ -1,9 +1,9 @@
 """The probe: a few prepared samples, run through one engine as a batch (repeated) and one by one.
 
-`ProbeRun` is one engine of a comparison (its spec, checkpoint and points) and what it returned: the batch capture (per sample `[T, P, H]` in the engine's dtype), its
-repeats (run-to-run determinism), captures of some samples alone (batch-composition dependence), what the engine
-reports it ran, and timings. An engine that fails is recorded with its error, so a multi-engine report still shows
-the others.
+`ProbeRequest` is one engine of a comparison (its spec, checkpoint and points); `ProbeCapture` is what it returned:
+the batch capture (per sample `[T, P, H]` in the engine's dtype), its repeats (run-to-run determinism), captures of
+some samples alone (batch-composition dependence), what the engine reports it ran, and timings. An engine that
+fails is recorded with its error, so a multi-engine report still shows the others.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from pipeline.compare.kinds import Role, Step
 from pipeline.config import ProbeConfig
 from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, PreparedSample
 from pipeline.engines.base import Engine, first_line
@@ -52,43 +53,60 @@ def probe_samples(samples: Sequence[PreparedSample], probe: ProbeConfig) -> list
     return out
 
 
-@dataclass(kw_only=True)
-class ProbeRun:
+@dataclass(frozen=True, kw_only=True)
+class ProbeRequest:
+    """One engine of a comparison, as asked for: what to make and which points it captures."""
     label: str
-    role: str  # reference | primary | engine
+    role: Role
     spec: EngineSpec
     model_path: str
     points: list[Point]
     trust_remote_code: bool = False  # model.trust_remote_code
-    info: dict[str, Any] | None = None  # EngineInfo as a dict, read from the running engine
-    batch: list[torch.Tensor] | None = None  # per probe sample [T, P, H]
-    repeats: list[list[torch.Tensor]] = field(default_factory=list)
-    alone: dict[int, torch.Tensor] = field(default_factory=dict)  # probe index -> capture alone
-    seconds: dict[str, float] = field(default_factory=dict)
-    error: str | None = None  # the error's first line (the log has its traceback)
-    failed_at: str | None = None  # make | start | probe: which step of probe_engine raised `error`
-    ran_on: str | None = None  # host and process that started the engine (on a cluster: which node)
 
     @property
     def config(self) -> dict[str, Any]:
         """The engine as resolved, for reports."""
         return {**self.spec.describe(), "model_path": self.model_path}
 
+    @property
+    def labels(self) -> list[str]:
+        return [p.label for p in self.points]
+
     def make(self, num_layers: int, max_seq_len: int | None = None) -> Engine:
         return make_engine(self.spec, model_path=self.model_path, points=self.points, num_layers=num_layers,
                            trust_remote_code=self.trust_remote_code, max_seq_len=max_seq_len)
 
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeCapture:
+    """What one engine returned for its request. Built once by the probe functions and returned (on Ray it is
+    pickled back to the driver), never filled in afterwards."""
+    request: ProbeRequest
+    info: dict[str, Any] | None = None  # EngineInfo as a dict, read from the running engine
+    batch: list[torch.Tensor] | None = None  # per probe sample [T, P, H]
+    repeats: list[list[torch.Tensor]] = field(default_factory=list)
+    alone: dict[int, torch.Tensor] = field(default_factory=dict)  # probe index -> capture alone
+    seconds: dict[str, float] = field(default_factory=dict)
+    error: str | None = None  # the error's first line (the log has its traceback)
+    failed_at: Step | None = None  # which step of probe_engine raised `error`
+    ran_on: str | None = None  # host and process that started the engine (on a cluster: which node)
+
+    # The request's fields, read through the capture by the analysis and the reports.
+    label = property(lambda self: self.request.label)
+    role = property(lambda self: self.request.role)
+    spec = property(lambda self: self.request.spec)
+    model_path = property(lambda self: self.request.model_path)
+    points = property(lambda self: self.request.points)
+    config = property(lambda self: self.request.config)
+    labels = property(lambda self: self.request.labels)
+
     @property
     def start_failed(self) -> bool:
-        return self.failed_at == "start"
+        return self.failed_at == Step.START
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.batch is not None
-
-    @property
-    def labels(self) -> list[str]:
-        return [p.label for p in self.points]
 
     def point(self, label: str, which: str = "batch", indices: Sequence[int] | None = None) -> list[torch.Tensor]:
         """Per-sample [T, H] tensors of one point from the batch capture (or a repeat 'repeat<k>', or 'alone')."""
@@ -126,46 +144,56 @@ def _capture(engine: Probeable, samples: Sequence[PreparedSample], batch_size: i
     return out
 
 
-def capture_probe(run: ProbeRun, engine: Probeable, samples: Sequence[PreparedSample], probe: ProbeConfig, *,
-                  hidden_size: int) -> None:
-    """Fill `run` from a started engine: the batch `probe.repeats` times, then `probe.alone` samples one by one."""
-    kw = dict(points=run.points, hidden_size=hidden_size, label=run.label)
-    batch_size = run.spec.batch_size
-    t0 = time.perf_counter()
-    run.info = dataclasses.asdict(engine.info())
-    run.batch = _capture(engine, samples, batch_size, **kw)
-    run.seconds["batch"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    run.repeats = [_capture(engine, samples, batch_size, **kw) for _ in range(probe.repeats - 1)]
-    run.seconds["repeats"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    # Alone only means something when the batch held other samples.
-    if len(samples) > 1:
-        run.alone = {i: _capture(engine, [samples[i]], 1, **kw)[0] for i in range(probe.alone)}
-    run.seconds["alone"] = time.perf_counter() - t0
-
-
-def probe_engine(run: ProbeRun, samples: Sequence[PreparedSample], probe: ProbeConfig, *, num_layers: int,
-                 hidden_size: int) -> ProbeRun:
-    """Make the run's engine, start it, probe it, close it. Errors are recorded in the run (with the step that
-    raised them), not raised."""
-    t0 = time.perf_counter()
-    run.ran_on = f"{socket.gethostname()} pid {os.getpid()}"
-    step = "make"
+def capture_probe(request: ProbeRequest, engine: Probeable, samples: Sequence[PreparedSample], probe: ProbeConfig,
+                  *, hidden_size: int) -> ProbeCapture:
+    """Probe a started engine: the batch `probe.repeats` times, then `probe.alone` samples one by one. An error is
+    returned in the capture (failed_at "probe"), beside what was captured before it."""
+    kw = dict(points=request.points, hidden_size=hidden_size, label=request.label)
+    batch_size = request.spec.batch_size
+    got: dict[str, Any] = {"seconds": {}}  # the capture's fields, as far as the probe got
     try:
-        engine = run.make(num_layers, max_seq_len=max((s.num_tokens for s in samples), default=None))
+        t0 = time.perf_counter()
+        got["info"] = dataclasses.asdict(engine.info())
+        got["batch"] = _capture(engine, samples, batch_size, **kw)
+        got["seconds"]["batch"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        got["repeats"] = [_capture(engine, samples, batch_size, **kw) for _ in range(probe.repeats - 1)]
+        got["seconds"]["repeats"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        # Alone only means something when the batch held other samples.
+        if len(samples) > 1:
+            got["alone"] = {i: _capture(engine, [samples[i]], 1, **kw)[0] for i in range(probe.alone)}
+        got["seconds"]["alone"] = time.perf_counter() - t0
+    except Exception as e:  # recorded: the report names the engine and the error; the verdict fails
+        got.update(error=first_line(e), failed_at=Step.PROBE)
+        log.error("engine %s failed (probe): %s\n%s", request.label, got["error"], traceback.format_exc())
+    return ProbeCapture(request=request, **got)
+
+
+def probe_engine(request: ProbeRequest, samples: Sequence[PreparedSample], probe: ProbeConfig, *, num_layers: int,
+                 hidden_size: int) -> ProbeCapture:
+    """Make the request's engine, start it, probe it, close it. Errors are returned in the capture (with the step
+    that raised them), not raised."""
+    t0 = time.perf_counter()
+    ran_on = f"{socket.gethostname()} pid {os.getpid()}"
+    captured, seconds = ProbeCapture(request=request), {}
+    step = Step.MAKE
+    try:
+        engine = request.make(num_layers, max_seq_len=max((s.num_tokens for s in samples), default=None))
         try:
-            step = "start"
+            step = Step.START
             engine.start()
-            run.seconds["start"] = time.perf_counter() - t0
-            step = "probe"
-            capture_probe(run, engine, samples, probe, hidden_size=hidden_size)
+            seconds["start"] = time.perf_counter() - t0
+            step = Step.PROBE
+            captured = capture_probe(request, engine, samples, probe, hidden_size=hidden_size)
         finally:
             t1 = time.perf_counter()
             engine.close()
-            run.seconds["close"] = time.perf_counter() - t1
+            seconds["close"] = time.perf_counter() - t1
     except Exception as e:  # recorded: the report names the engine and the error; the verdict fails
-        run.error, run.failed_at = first_line(e), step
-        log.error("engine %s failed (%s): %s\n%s", run.label, step, run.error, traceback.format_exc())
-    run.seconds["total"] = time.perf_counter() - t0
-    return run
+        captured = dataclasses.replace(captured, error=first_line(e), failed_at=step)
+        log.error("engine %s failed (%s): %s\n%s", request.label, step, captured.error, traceback.format_exc())
+    # In the order the steps ran: start, the probe's own parts, close, total.
+    seconds = {**{k: v for k, v in seconds.items() if k == "start"}, **captured.seconds,
+               **{k: v for k, v in seconds.items() if k == "close"}, "total": time.perf_counter() - t0}
+    return dataclasses.replace(captured, seconds=seconds, ran_on=ran_on)

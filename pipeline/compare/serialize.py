@@ -15,8 +15,9 @@ from typing import Any
 from pipeline.compare.align import Alignment, PointMatch
 from pipeline.compare.analyze import AnchorCheck, DiffResult, PairResult
 from pipeline.compare.judge import LogitStats, Verdict
+from pipeline.compare.kinds import PairKind, Role, Status, Step
 from pipeline.compare.metrics import PointStats
-from pipeline.compare.probe import ProbeRun
+from pipeline.compare.probe import ProbeCapture, ProbeRequest
 from pipeline.core.contracts import EngineSpec
 from pipeline.points import parse_points
 
@@ -39,9 +40,10 @@ def _spec(config: dict[str, Any]) -> EngineSpec:
     return EngineSpec(**{k: v for k, v in config.items() if k in _SPEC_FIELDS})
 
 
-def _engine(run: ProbeRun) -> dict[str, Any]:
+def _engine(run: ProbeCapture) -> dict[str, Any]:
     return {"label": run.label, "role": run.role, "config": run.config, "points": run.labels, "info": run.info,
-            "error": run.error, "failed_at": run.failed_at, "ran_on": run.ran_on, "seconds": {k: round(v, 3) for k, v in run.seconds.items()}}
+            "error": run.error, "failed_at": run.failed_at, "ran_on": run.ran_on,
+            "seconds": {k: round(v, 3) for k, v in run.seconds.items()}}
 
 
 def _pair(pair: PairResult) -> dict[str, Any]:
@@ -89,10 +91,11 @@ def _revive(cls: type, data: dict[str, Any]) -> Any:
 
 def _pair_from(d: dict[str, Any]) -> PairResult:
     points = {k: _revive(PointStats, s) for k, s in d["points"].items()}
-    verdict = Verdict(status=d["status"], dtype=d["dtype"], onset=d["onset"], last_within=d["last_within"],
+    verdict = Verdict(status=Status(d["status"]), dtype=d["dtype"], onset=d["onset"], last_within=d["last_within"],
                       locus=d["locus"], routing_flips=d["routing_flips"], point_status=d["point_status"],
                       failures=d["failures"], warnings=d["warnings"], headline=d.get("headline", ""))
-    return PairResult(kind=d["kind"], a=d["a"], b=d["b"], name=d["name"], labels=d.get("labels", list(points)),
+    return PairResult(kind=PairKind(d["kind"]), a=d["a"], b=d["b"], name=d["name"],
+                      labels=d.get("labels", list(points)),
                       points=points, logits=_revive(LogitStats, d["logits"]) if d["logits"] else None,
                       verdict=verdict, judged=d["judged"])
 
@@ -101,17 +104,22 @@ def _alignment_from(d: dict[str, Any]) -> Alignment:
     return _revive(Alignment, {**d, "matches": [_revive(PointMatch, m) for m in d["matches"]]})
 
 
+def _step(value: str | None) -> Step | None:
+    return None if value is None else Step(value)
+
+
 def from_dict(data: dict[str, Any]) -> DiffResult:
     """The DiffResult a report.json was written from (everything its report.md and report.html show)."""
     if data.get("format") != FORMAT:
         raise ValueError(f"format {data.get('format')!r} is not a {FORMAT} report")
     num_layers = data["model"]["num_layers"]
-    runs = [ProbeRun(label=e["label"], role=e["role"], spec=_spec(e["config"]), model_path=e["config"].get("model_path"),
-                     info=e["info"], error=e["error"], failed_at=e.get("failed_at"),
-                      ran_on=e.get("ran_on"), seconds=e["seconds"],
-                      points=parse_points(e["points"], num_layers=num_layers))
+    runs = [ProbeCapture(request=ProbeRequest(label=e["label"], role=Role(e["role"]), spec=_spec(e["config"]),
+                                              model_path=e["config"].get("model_path"),
+                                              points=parse_points(e["points"], num_layers=num_layers)),
+                         info=e["info"], error=e["error"], failed_at=_step(e.get("failed_at")), ran_on=e.get("ran_on"),
+                         seconds=e["seconds"])
             for e in data["engines"]]
-    return DiffResult(status=data["status"], reference=data["reference"], runs=runs,
+    return DiffResult(status=Status(data["status"]), reference=data["reference"], runs=runs,
                       pairs=[_pair_from(p) for p in data["pairs"]],
                       alignments=[_alignment_from(a) for a in data["alignment"]],
                       anchors=[_revive(AnchorCheck, a) for a in data["anchors"]],
@@ -141,7 +149,7 @@ def summary(result: DiffResult, *, report: str) -> dict[str, Any]:
     deterministic engines, so a resumed run keeps its provenance digest)."""
     pairs = {}
     for p in result.pairs:
-        if p.kind != "reference":
+        if p.kind != PairKind.REFERENCE:
             continue
         worst = max((s.rel_l2 for s in p.points.values()), default=0.0)
         pairs[p.name] = {"dtype": p.verdict.dtype, "status": p.verdict.status, "first_divergent": p.verdict.onset,
@@ -149,7 +157,7 @@ def summary(result: DiffResult, *, report: str) -> dict[str, Any]:
                          "worst_rel_l2": _sig(worst),
                          "top1": _sig(p.logits.top1) if p.logits else None,
                          "kl": _sig(p.logits.kl_mean) if p.logits else None}
-    checks = {p.name: p.verdict.status for p in result.pairs if p.kind in ("determinism", "batch")}
+    checks = {p.name: p.verdict.status for p in result.pairs if p.kind in (PairKind.DETERMINISM, PairKind.BATCH)}
     return _clean({
         "status": result.status, "reference": result.reference,
         "engines": [r.label for r in result.runs],

@@ -2,6 +2,7 @@
 compared (pipeline.compare.comparison) and reported."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -63,18 +64,21 @@ def run_diff(dcfg: DictConfig) -> DiffOutcome:
     check_entries(cfg.diff.reference, cfg.diff.engines, "diff.engines")  # before the model is read (or built)
     check_data_path(cfg)
     model = resolve_model(cfg)
-    runs = comparison(cfg.diff.reference, cfg.diff.engines, "diff.engines", model=model,
-                      all_points=all_points(model.num_layers), points=diff_points(cfg, model),
-                      trust_remote_code=cfg.model.trust_remote_code)  # config errors first
+    requests = comparison(cfg.diff.reference, cfg.diff.engines, "diff.engines", model=model,
+                          all_points=all_points(model.num_layers), points=diff_points(cfg, model),
+                          trust_remote_code=cfg.model.trust_remote_code)  # config errors first
     samples = probe_data(cfg, model, cfg.diff.probe)
-    for run in runs:
-        log.info("probing %s (%s) with %d samples, %d tokens", run.label, run.role, len(samples),
+    runs = []
+    for request in requests:
+        log.info("probing %s (%s) with %d samples, %d tokens", request.label, request.role, len(samples),
                  sum(s.num_tokens for s in samples))
-        probe_engine(run, samples, cfg.diff.probe, num_layers=model.num_layers, hidden_size=model.hidden_size)
+        runs.append(probe_engine(request, samples, cfg.diff.probe, num_layers=model.num_layers,
+                                 hidden_size=model.hidden_size))
     result = compare(runs, reference=runs[0].label, model=model, samples=samples, cfg=cfg.diff,
                      storage_dtype=cfg.runner.storage_dtype)
     t0 = time.perf_counter()
-    result.seconds["engines"] = sum(r.seconds.get("total", 0.0) for r in runs)
+    result = dataclasses.replace(result, seconds={**result.seconds,
+                                                  "engines": sum(r.seconds.get("total", 0.0) for r in runs)})
     write_report(result, out_dir, config=report_config(cfg.diff, command="pipeline.diff"), html=cfg.diff.html)
-    result.seconds["report"] = time.perf_counter() - t0
+    result = dataclasses.replace(result, seconds={**result.seconds, "report": time.perf_counter() - t0})
     return DiffOutcome(result=result, report_dir=out_dir, seconds=time.perf_counter() - started)

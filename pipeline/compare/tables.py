@@ -6,10 +6,11 @@ from pathlib import Path
 from rich.table import Table
 
 from pipeline.compare.analyze import DiffResult, PairResult
+from pipeline.compare.kinds import Check, PairKind, Status
 
-KIND_TITLE = {"reference": "against the reference", "pair": "engine pairs (reported, not judged)",
-               "determinism": "run-to-run determinism (same batch twice)",
-               "batch": "batch composition (alone vs in a batch)"}
+KIND_TITLE = {PairKind.REFERENCE: "against the reference", PairKind.PAIR: "engine pairs (reported, not judged)",
+              PairKind.DETERMINISM: "run-to-run determinism (same batch twice)",
+              PairKind.BATCH: "batch composition (alone vs in a batch)"}
 
 
 def fmt(x: float | None) -> str:
@@ -49,7 +50,7 @@ def storage_rows(result: DiffResult) -> list[list[str]]:
     """Per compared engine and point: the storage's rounding error beside the engine's divergence from the
     reference (rel L2 both), and their ratio."""
     storage = result.storage or {}
-    divergence = {p.b: p.points for p in result.pairs if p.kind == "reference"}
+    divergence = {p.b: p.points for p in result.pairs if p.kind == PairKind.REFERENCE}
     rows = []
     for engine, figures in storage.get("rel_l2", {}).items():
         for label, rounding in figures.items():
@@ -72,13 +73,13 @@ ENGINE_HEADER = ["engine", "role", "framework", "dtype", "quantization", "attent
 
 def verdict_table(result: DiffResult, report_dir: Path | None = None):
     """The short terminal verdict (a rich renderable)."""
-    style = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+    style = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red"}
     table = Table(title=f"diff verdict: [{style[result.status]}]{result.status.upper()}[/]"
                         + (f"  (report: {report_dir})" if report_dir else ""), title_justify="left")
     for col in ("comparison", "dtype", "status", "first divergent", "worst rel L2", "top-1", "KL", "note"):
         table.add_column(col, overflow="fold")
     for p in result.pairs:
-        if p.kind == "pair":
+        if p.kind == PairKind.PAIR:
             continue
         worst = max((s.rel_l2 for s in p.points.values()), default=0.0)
         note = "routing flips" if p.verdict.routing_flips else (p.verdict.locus or "")
@@ -86,13 +87,13 @@ def verdict_table(result: DiffResult, report_dir: Path | None = None):
                       p.verdict.onset or "-", fmt(worst), f"{p.logits.top1:.1%}" if p.logits else "-",
                       fmt(p.logits.kl_mean) if p.logits else "-", note[:80])
     for al in result.alignments:
-        table.add_row(f"alignment {al.engine}", "", f"[{style['pass' if al.status == 'ok' else al.status]}]"
+        table.add_row(f"alignment {al.engine}", "", f"[{style[Status.PASS if al.status == Check.OK else al.status]}]"
                       f"{al.status}[/]", "", "", "", "", "; ".join(al.problems)[:160] or "every point is where claimed")
     for an in result.anchors:
-        if an.status != "ok":
-            table.add_row(f"anchor {an.engine} {an.check}", "", f"[{style['fail']}]fail[/]", "", fmt(an.rel_l2),
+        if an.status != Check.OK:
+            table.add_row(f"anchor {an.engine} {an.check}", "", f"[{style[Status.FAIL]}]fail[/]", "", fmt(an.rel_l2),
                           "", "", an.detail[:120])
     for r in result.runs:
         if r.error:
-            table.add_row(f"engine {r.label}", "", f"[{style['fail']}]error[/]", "", "", "", "", r.error[:160])
+            table.add_row(f"engine {r.label}", "", f"[{style[Status.FAIL]}]error[/]", "", "", "", "", r.error[:160])
     return table

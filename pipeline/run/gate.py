@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pipeline.compare.analyze import DiffResult, all_points
+from pipeline.compare.kinds import PairKind, Role, Status
 from pipeline.compare.lineup import comparison
-from pipeline.compare.probe import ProbeRun, capture_probe, probe_engine, probe_samples
+from pipeline.compare.probe import ProbeCapture, ProbeRequest, capture_probe, probe_engine, probe_samples
 from pipeline.compare.report import write_html, write_report
 from pipeline.compare.serialize import summary
 from pipeline.compare.stage import compare, report_config
 from pipeline.config import ConfigError, ExtractConfig
 from pipeline.core.cli import Refused
 from pipeline.core.contracts import PreparedSample
-from pipeline.engines.base import first_line
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point
 from pipeline.run.executor import Executor
@@ -41,7 +41,7 @@ class DiffGateError(Refused, RuntimeError):
 @dataclass(kw_only=True)
 class GateOutcome:
     mode: str  # stop | warn | off
-    status: str  # pass | warn | fail | off
+    status: Status
     summary: dict[str, Any]
     report_dir: Path | None = None
     parts: dict[str, float] = field(default_factory=dict)  # where the gate's time went
@@ -55,7 +55,7 @@ class GateOutcome:
 
 
 def off() -> GateOutcome:
-    return GateOutcome(mode="off", status="off", summary={"status": "off", "gate": "off"})
+    return GateOutcome(mode="off", status=Status.OFF, summary={"status": Status.OFF, "gate": "off"})
 
 
 class GateOff:
@@ -78,9 +78,9 @@ def primary_label(cfg: ExtractConfig) -> str:
 
 class DiffGate:
     def __init__(self, cfg: ExtractConfig, model: ModelInfo, points: Sequence[Point], out_dir: Path,
-                 others: list[ProbeRun]) -> None:
+                 others: list[ProbeRequest]) -> None:
         self.cfg, self.model, self.points, self.out_dir, self.others = cfg, model, list(points), out_dir, others
-        self.runs: list[ProbeRun] = []
+        self.runs: list[ProbeCapture] = []
         self.samples: list[PreparedSample] = []
         self.seconds: dict[str, float] = {}
         self._html_due = False
@@ -95,11 +95,11 @@ class DiffGate:
         others = comparison(cfg.diff.reference, cfg.diff.gate_engines, "diff.gate_engines", model=model,
                             all_points=all_points(model.num_layers), points=points,
                             trust_remote_code=cfg.model.trust_remote_code)
-        for run in others:  # constructing loads nothing; an engine whose environment is absent fails here
+        for request in others:  # constructing loads nothing; an engine whose environment is absent fails here
             try:
-                run.make(model.num_layers)
+                request.make(model.num_layers)
             except FileNotFoundError as err:
-                raise ConfigError(f"diff gate engine {run.label} ({run.role}): {err}") from err
+                raise ConfigError(f"diff gate engine {request.label} ({request.role}): {err}") from err
         return cls(cfg, model, points, out_dir, others)
 
     def probe_references(self, samples: Sequence[PreparedSample], executor: Executor) -> None:
@@ -109,9 +109,9 @@ class DiffGate:
         probe = self.cfg.diff.gate_probe
         self.samples = probe_samples(samples, probe)
         once = dataclasses.replace(probe, repeats=1, alone=0)
-        for run in self.others:
-            log.info("diff gate: probing %s (%s)", run.label, run.role)
-            self.runs.append(executor.run_beside(probe_engine, run, self.samples, once,
+        for request in self.others:
+            log.info("diff gate: probing %s (%s)", request.label, request.role)
+            self.runs.append(executor.run_beside(probe_engine, request, self.samples, once,
                                                  num_layers=self.model.num_layers, hidden_size=self.model.hidden_size))
         self.seconds["references"] = time.perf_counter() - t0
         if self.cfg.diff.gate == "stop" and any(r.start_failed for r in self.runs):
@@ -123,16 +123,15 @@ class DiffGate:
         DiffGateError) or warn when it fails."""
         t0 = time.perf_counter()
         c = self.cfg
-        run = ProbeRun(label=primary_label(c), role="primary", spec=c.engine, model_path=str(self.model.path),
-                       points=self.points, trust_remote_code=c.model.trust_remote_code)
-        try:
-            capture_probe(run, executor, self.samples, c.diff.gate_probe, hidden_size=self.model.hidden_size)
-        except Exception as e:  # the report says so and the gate fails
-            run.error, run.failed_at = first_line(e), "probe"
+        request = ProbeRequest(label=primary_label(c), role=Role.PRIMARY, spec=c.engine,
+                               model_path=str(self.model.path), points=self.points,
+                               trust_remote_code=c.model.trust_remote_code)
+        # An error is in the capture: the report says so and the gate fails.
+        run = capture_probe(request, executor, self.samples, c.diff.gate_probe, hidden_size=self.model.hidden_size)
         self.seconds["primary probe"] = time.perf_counter() - t0
         return self._conclude([*self.runs, run])
 
-    def _conclude(self, runs: list[ProbeRun]) -> GateOutcome:
+    def _conclude(self, runs: list[ProbeCapture]) -> GateOutcome:
         """Compare the probed runs, write the report; stop (raise DiffGateError) or warn when the verdict fails."""
         t1 = time.perf_counter()
         c = self.cfg
@@ -141,10 +140,11 @@ class DiffGate:
         t2 = time.perf_counter()
         self.seconds["analysis"] = t2 - t1
         report_dir = self.out_dir / DIFF_DIR
-        result.seconds.update({f"gate {k}": v for k, v in self.seconds.items()})
+        result = dataclasses.replace(result, seconds={**result.seconds,
+                                                      **{f"gate {k}": v for k, v in self.seconds.items()}})
         # Plots are for people, not for the decision: drawn now when the gate fails (the stop message points at
         # them), after the run for diff.gate_html=always, and otherwise on demand from report.json.
-        fails = result.status == "fail"
+        fails = result.status == Status.FAIL
         self._html_due = not fails and c.diff.gate_html == "always"
         write_report(result, report_dir, config=report_config(c.diff, command="pipeline.extract gate"),
                      html=fails and c.diff.gate_html != "never")
@@ -153,7 +153,7 @@ class DiffGate:
                               parts=dict(self.seconds), result=result,
                               summary=summary(result, report=f"{DIFF_DIR}/report.json"),
                               lines=result.failures + result.warnings)
-        if result.status == "fail":
+        if result.status == Status.FAIL:
             message = _stop_message(result, report_dir)
             if c.diff.gate == "stop":
                 raise DiffGateError(message)
@@ -207,8 +207,8 @@ def describe(outcome: GateOutcome, run_seconds: float) -> list[str]:
 def primary_divergence(outcome: GateOutcome) -> tuple[str, dict[str, float]] | None:
     """(pair name, rel L2 per point) of the primary engine against the reference, as the gate measured it."""
     result = outcome.result
-    primary = next((r.label for r in result.runs if r.role == "primary"), None) if result else None
-    pair = next((p for p in result.pairs if p.kind == "reference" and p.b == primary), None) if result else None
+    primary = next((r.label for r in result.runs if r.role == Role.PRIMARY), None) if result else None
+    pair = next((p for p in result.pairs if p.kind == PairKind.REFERENCE and p.b == primary), None) if result else None
     return None if pair is None else (pair.name, {k: s.rel_l2 for k, s in pair.points.items()})
 
 

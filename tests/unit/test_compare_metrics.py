@@ -7,7 +7,7 @@ import torch
 from pipeline.compare.align import align
 from pipeline.compare.judge import judge_points, pair_dtype
 from pipeline.compare.metrics import point_stats
-from pipeline.compare.probe import ProbeRun
+from pipeline.compare.probe import ProbeCapture, ProbeRequest
 from pipeline.core.contracts import EngineSpec
 from pipeline.config import AlignmentConfig, DiffConfig, RoutingFlipConfig
 from pipeline.points import Point
@@ -32,10 +32,10 @@ def residual_stream(lengths=(20, 13), seed=0) -> list[torch.Tensor]:
     return out
 
 
-def run_of(batch, label="engine", points=LABELS) -> ProbeRun:
+def run_of(batch, label="engine", points=LABELS) -> ProbeCapture:
     pts = [Point(None) if p == "final_norm" else Point(int(p[1:])) for p in points]
-    return ProbeRun(label=label, role="engine", spec=EngineSpec(name="hf"), model_path="-", points=pts, batch=batch,
-                     info={"dtype": "bfloat16"})
+    request = ProbeRequest(label=label, role="engine", spec=EngineSpec(name="hf"), model_path="-", points=pts)
+    return ProbeCapture(request=request, batch=batch, info={"dtype": "bfloat16"})
 
 
 def remapped(batch, remap: dict[str, str]):
