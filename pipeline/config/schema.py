@@ -235,7 +235,9 @@ class ExtractConfig:
     data: DataConfig = MISSING
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
-    diff: DiffConfig = field(default_factory=DiffConfig)  # the gate before capture; the engines of pipeline.diff
+    # The gate before capture (diff.reference, diff.gate*, the thresholds); diff.engines, probe and html are the diff
+    # job's (DiffJobConfig), left here until the gate's fields have a config of their own.
+    diff: DiffConfig = field(default_factory=DiffConfig)
     out_dir: str = MISSING
     overwrite: bool = False  # replace a finished run directory (never done silently)
     wait_for_lock: bool = False  # another extract holds out_dir: wait for it to finish instead of exiting
