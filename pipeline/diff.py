@@ -5,7 +5,9 @@
     python -m pipeline.diff diff.engines=[{name:vllm,dtype:float32,label:vllm-fp32}] out_dir=runs/diff-vllm
 
 Writes report.json, report.md and report.html into out_dir and prints a verdict table. Exit status (README.md, "Exit
-codes"): 0 pass or warn, 3 fail, 2 configuration error, 1 an I/O error.
+codes"): 0 pass or warn, 3 fail, 2 configuration error, 1 an I/O error. Its config is conf/diff.yaml (DiffJobConfig):
+model, data, diff, capture (what `diff.points` names), storage_dtype and out_dir; any other key (`runner.*`,
+`engine.*`, `overwrite`) is a configuration error.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ register_configs()
 log = logging.getLogger("pipeline.diff")
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="diff")
 def diff(cfg: DictConfig) -> None:
     try:
         build_step(cfg)  # the tiny model a recipe names, built when missing: the job's first step
@@ -49,7 +51,7 @@ def diff(cfg: DictConfig) -> None:
 
 def main() -> int:
     """`python -m pipeline.diff` and the console script `pipeline-diff`: overrides from sys.argv."""
-    exit_on_bad_overrides(sys.argv[1:])
+    exit_on_bad_overrides(sys.argv[1:], config_name="diff")
     return run_command(diff)
 
 

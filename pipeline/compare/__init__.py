@@ -17,7 +17,9 @@
     markdown    report.md
     html        report.html with embedded plots (`python -m pipeline.compare.html DIR` redraws it)
     report      writes report.json, report.md and report.html
-    stage       `run_diff` (python -m pipeline.diff): engines probed one after another, then compared and reported
+    preflight   what every job checks before any model loads (engines, out_dir, data, model): the diff's and extract's
+    stage       `run_diff` (python -m pipeline.diff, DiffJobConfig): engines probed one after another, then compared
+                and reported
 
 The gate of python -m pipeline.extract (before any shard is written) is pipeline.run.gate: it calls `compare`.
 """

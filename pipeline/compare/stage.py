@@ -1,5 +1,6 @@
-"""`python -m pipeline.diff` as a job: engines probed one after another (each started, probed, closed), then
-compared (pipeline.compare.comparison) and reported."""
+"""`python -m pipeline.diff` as a job (its config: DiffJobConfig, conf/diff.yaml): checked as extract is checked
+(pipeline.compare.preflight), engines probed one after another (each started, probed, closed), then compared
+(pipeline.compare.comparison) and reported."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,18 +13,17 @@ from omegaconf import DictConfig
 
 from pipeline.compare.analyze import DiffResult, all_points
 from pipeline.compare.comparison import compare, report_config
-from pipeline.compare.lineup import check_entries, comparison
+from pipeline.compare.lineup import comparison
+from pipeline.compare.preflight import Lineup, preflight
 from pipeline.compare.probe import probe_engine, probe_samples
 from pipeline.compare.report import write_report
-from pipeline.config import ConfigError, ExtractConfig, ProbeConfig, to_config
-from pipeline.config.checks import check_data_path, resolve_model
+from pipeline.config import ConfigError, DiffJobConfig, ProbeConfig, to_config
 from pipeline.core.contracts import PreparedSample
 from pipeline.data.mask import MaskOptions
 from pipeline.data.prepare import prepare
 from pipeline.data.remote_code import load_tokenizer
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point, PointError, resolve
-from pipeline.shards.layout import run_conflict
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class DiffOutcome:
     seconds: float
 
 
-def diff_points(cfg: ExtractConfig, model: ModelInfo) -> list[Point]:
+def diff_points(cfg: DiffJobConfig, model: ModelInfo) -> list[Point]:
     """What the compared engines capture (`diff.points`); the reference always captures every point."""
     value = cfg.diff.points
     if value == "all":
@@ -48,7 +48,7 @@ def diff_points(cfg: ExtractConfig, model: ModelInfo) -> list[Point]:
         raise ConfigError(f"{field_name}={list(values)!r}: {e}") from e
 
 
-def probe_data(cfg: ExtractConfig, model: ModelInfo, probe: ProbeConfig) -> list[PreparedSample]:
+def probe_data(cfg: DiffJobConfig, model: ModelInfo, probe: ProbeConfig) -> list[PreparedSample]:
     tokenizer = load_tokenizer(model.path, cfg.model.trust_remote_code)
     data = prepare(cfg.data.path, tokenizer, max_length=cfg.data.max_length, length_policy=cfg.data.length_policy,
                    limit=probe.num_samples, mask=MaskOptions.of(cfg.data))
@@ -57,13 +57,10 @@ def probe_data(cfg: ExtractConfig, model: ModelInfo, probe: ProbeConfig) -> list
 
 def run_diff(dcfg: DictConfig) -> DiffOutcome:
     started = time.perf_counter()
-    cfg = to_config(dcfg)
-    out_dir = Path(cfg.out_dir)
-    if (why := run_conflict(out_dir, itself=True)) is not None:
-        raise ConfigError(f"out_dir={cfg.out_dir!r} {why} (a run's own gate report is in its diff/)")
-    check_entries(cfg.diff.reference, cfg.diff.engines, "diff.engines")  # before the model is read (or built)
-    check_data_path(cfg)
-    model = resolve_model(cfg)
+    cfg = to_config(dcfg, DiffJobConfig)
+    checked = preflight(model=cfg.model, data=cfg.data, out_dir=cfg.out_dir, run=False,
+                        lineup=Lineup(reference=cfg.diff.reference, others=cfg.diff.engines, where="diff.engines"))
+    model, out_dir = checked.model, checked.out_dir
     requests = comparison(cfg.diff.reference, cfg.diff.engines, "diff.engines", model=model,
                           all_points=all_points(model.num_layers), points=diff_points(cfg, model),
                           trust_remote_code=cfg.model.trust_remote_code)  # config errors first
@@ -75,7 +72,7 @@ def run_diff(dcfg: DictConfig) -> DiffOutcome:
         runs.append(probe_engine(request, samples, cfg.diff.probe, num_layers=model.num_layers,
                                  hidden_size=model.hidden_size))
     result = compare(runs, reference=runs[0].label, model=model, samples=samples, cfg=cfg.diff,
-                     storage_dtype=cfg.runner.storage_dtype)
+                     storage_dtype=cfg.storage_dtype)
     t0 = time.perf_counter()
     result = dataclasses.replace(result, seconds={**result.seconds,
                                                   "engines": sum(r.seconds.get("total", 0.0) for r in runs)})

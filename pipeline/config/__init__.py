@@ -1,25 +1,24 @@
-"""Typed configuration: the schema of conf/ (`schema`), the diff's engine entries (`entries`) and the entry points'
-overrides checked before Hydra runs (`overrides`)."""
+"""Typed configuration: the schema of conf/ (`schema`), each job's primary config composed and validated (`compose`),
+the diff's engine entries (`entries`) and the entry points' overrides checked before Hydra runs (`overrides`)."""
+from pipeline.config.compose import config_groups, exit_on_unknown_overrides, register_configs, resolved_dict, to_config
+from pipeline.config.entries import CONF_DIR
 from pipeline.config.overrides import exit_on_bad_overrides
 from pipeline.config.schema import (
     AlignmentConfig,
     CaptureConfig,
-    CONF_DIR,
     ConfigError,
     DataConfig,
     DiffConfig,
+    DiffJobConfig,
     ExtractConfig,
-    exit_on_unknown_overrides,
     ModelConfig,
     ProbeConfig,
     RoutingFlipConfig,
     RunnerConfig,
     Thresholds,
-    register_configs,
-    resolved_dict,
-    to_config,
 )
 
-__all__ = ["AlignmentConfig", "CaptureConfig", "CONF_DIR", "ConfigError", "DataConfig", "DiffConfig",
+__all__ = ["AlignmentConfig", "CaptureConfig", "CONF_DIR", "ConfigError", "DataConfig", "DiffConfig", "DiffJobConfig",
            "ExtractConfig", "ModelConfig", "ProbeConfig", "RoutingFlipConfig", "RunnerConfig", "Thresholds",
-           "exit_on_bad_overrides", "exit_on_unknown_overrides", "register_configs", "resolved_dict", "to_config"]
+           "config_groups", "exit_on_bad_overrides", "exit_on_unknown_overrides", "register_configs", "resolved_dict",
+           "to_config"]

@@ -1,40 +1,38 @@
 """Config against the world, before any model loads: the model directory (for a tiny-model recipe: where the job's
 build step put it; nothing is built here) and the data file. Each failure is a ConfigError naming the field and the
-value."""
+value. Every job runs them through `pipeline.compare.preflight`."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config.schema import ConfigError, ExtractConfig
+from pipeline.config.schema import ConfigError, DataConfig, ModelConfig
 from pipeline.data.remote_code import RemoteCodeError, check_remote_code
 from pipeline.data.sources import check_readable
 from pipeline.models.built import built_model_dir
 from pipeline.models.info import ModelInfo, read_model_info
 
 
-def _model_dir(cfg: ExtractConfig) -> Path:
-    if not cfg.model.build:
-        return Path(cfg.model.path)
-    return built_model_dir(cfg.model.build, cfg.model.path)
+def _model_dir(model: ModelConfig) -> Path:
+    if not model.build:
+        return Path(model.path)
+    return built_model_dir(model.build, model.path)
 
 
-def resolve_model(cfg: ExtractConfig) -> ModelInfo:
+def resolve_model(model: ModelConfig) -> ModelInfo:
     """The model's facts; errors name model.path, and
     model.trust_remote_code when the checkpoint needs its own code to load and the setting is off."""
     try:
-        info = read_model_info(_model_dir(cfg))
-        check_remote_code(info.path, cfg.model.trust_remote_code)
+        info = read_model_info(_model_dir(model))
+        check_remote_code(info.path, model.trust_remote_code)
     except RemoteCodeError as e:
         raise ConfigError(str(e)) from e
     except (OSError, ValueError) as e:
-        raise ConfigError(str(e) if "model.path" in str(e) else f"model.path={cfg.model.path!r}: {e}") from e
+        raise ConfigError(str(e) if "model.path" in str(e) else f"model.path={model.path!r}: {e}") from e
     return info
 
 
-def check_data_path(cfg: ExtractConfig) -> None:
+def check_data_path(data: DataConfig) -> None:
     try:
-        check_readable(cfg.data.path)
+        check_readable(data.path)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"data.path={cfg.data.path!r}: {e}") from e
-
-
+        raise ConfigError(f"data.path={data.path!r}: {e}") from e

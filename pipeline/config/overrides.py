@@ -15,7 +15,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from pipeline.config.entries import CONF_DIR
-from pipeline.config.schema import exit_on_unknown_overrides
+from pipeline.config.compose import exit_on_unknown_overrides
 from pipeline.core.cli import ExitCode
 
 
@@ -36,16 +36,16 @@ def _config_overrides(argv: Sequence[str]) -> list[str] | None:
     return [arg for arg in argv if not arg.lstrip("+~").startswith(("hydra.", "hydra/"))]
 
 
-def exit_on_bad_overrides(argv: Sequence[str]) -> None:
-    """Exit 2 with one `configuration error:` line when the overrides name a key the schema does not declare (the
-    closest valid one named) or do not compose; return when Hydra can run them."""
-    exit_on_unknown_overrides(argv)
+def exit_on_bad_overrides(argv: Sequence[str], config_name: str = "config") -> None:
+    """Exit 2 with one `configuration error:` line when the overrides name a key the job's schema (conf/<config_name>
+    .yaml's) does not declare (the closest valid one named) or do not compose; return when Hydra can run them."""
+    exit_on_unknown_overrides(argv, config_name)
     overrides = _config_overrides(argv)
     if overrides is None:
         return
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            compose(config_name="config", overrides=overrides)
+            compose(config_name=config_name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
         print(f"configuration error: {_one_line(e)}", file=sys.stderr)
         sys.exit(ExitCode.USAGE)

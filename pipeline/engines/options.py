@@ -1,6 +1,6 @@
 """Engine options: one frozen dataclass per engine, parsed from `engine.options` (or a diff entry's `options`).
 
-The same class checks the options twice: in the driver when the config is resolved (`pipeline.run.resolve`, the
+The same class checks the options twice: in the driver when the config is resolved (`pipeline.compare.preflight`, the
 diff's entries in `pipeline.compare.lineup`), so that a misspelled or wrongly typed option is a configuration error
 before any engine starts; and in the adapter, which reads its typed fields. So these modules import only the standard
 library: the driver reads them without importing an engine (or torch), and the engines' own virtualenvs (vLLM's,

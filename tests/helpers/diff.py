@@ -11,19 +11,25 @@ from hydra.core.global_hydra import GlobalHydra
 from pipeline.config import register_configs
 from tests.helpers import REPO
 
-__all__ = ["SMALL_PROBE", "composed", "second_python"]
+__all__ = ["SMALL_PROBE", "composed", "diff_composed", "second_python"]
 SMALL_PROBE = ["diff.probe.num_samples=3", "diff.probe.max_tokens=64"]
 
 
-def composed(*overrides: str):
-    """The composed config, exactly as `python -m pipeline.diff` / `pipeline.extract` see it (module-scope safe)."""
+def composed(*overrides: str, config_name: str = "config"):
+    """The composed config, exactly as `python -m pipeline.extract` (or, with config_name="diff", `pipeline.diff`)
+    sees it (module-scope safe)."""
     register_configs()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-            return compose(config_name="config", overrides=list(overrides))
+            return compose(config_name=config_name, overrides=list(overrides))
     finally:
         GlobalHydra.instance().clear()
+
+
+def diff_composed(*overrides: str):
+    """The composed config exactly as `python -m pipeline.diff` sees it (conf/diff.yaml)."""
+    return composed(*overrides, config_name="diff")
 
 
 def second_python(root: Path) -> str:

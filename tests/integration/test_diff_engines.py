@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.compare.stage import run_diff
-from tests.helpers.diff import SMALL_PROBE, composed, second_python
+from tests.helpers.diff import SMALL_PROBE, diff_composed, second_python
 from tests.helpers.faulty_engines import registered
 
 pytestmark = [pytest.mark.integration]
@@ -20,7 +20,7 @@ def _faulty_engines():
 
 def diff(tmp_path_factory, *overrides: str):
     out = tmp_path_factory.mktemp("diff")
-    outcome = run_diff(composed(f"out_dir={out}", *SMALL_PROBE, *overrides))
+    outcome = run_diff(diff_composed(f"out_dir={out}", *SMALL_PROBE, *overrides))
     return outcome.result
 
 

@@ -12,7 +12,7 @@ from pipeline.compare.html import to_html
 from pipeline.compare.serialize import from_dict, load
 from pipeline.compare.stage import run_diff
 from tests.helpers.cli import cli
-from tests.helpers.diff import SMALL_PROBE, composed
+from tests.helpers.diff import SMALL_PROBE, diff_composed
 from tests.helpers.markers import CHROMIUM, needs_chromium
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -95,7 +95,7 @@ def test_drawing_html_from_a_directory_without_a_report_says_so(tmp_path):
 
 
 def test_an_engine_that_cannot_start_is_reported_not_fatal(tmp_path, models_root):
-    outcome = run_diff(composed(f"out_dir={tmp_path}", *SMALL_PROBE, "diff.html=false",
+    outcome = run_diff(diff_composed(f"out_dir={tmp_path}", *SMALL_PROBE, "diff.html=false",
                                 "diff.engines=[{name:hf,label:broken,options:{python:/nowhere/bin/python}}]"))
     result = outcome.result
     assert result.status == "fail"

@@ -12,7 +12,7 @@ import pytest
 from pipeline.compare.stage import run_diff
 from pipeline.run.gate import DiffGateError
 from pipeline.run.job import run_extract
-from tests.helpers.diff import SMALL_PROBE, composed
+from tests.helpers.diff import SMALL_PROBE, composed, diff_composed
 from tests.helpers.markers import needs_sglang, needs_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -45,7 +45,7 @@ def test_the_gate_stops_vllm_on_the_default_rope_model(tmp_path, models_root):
 @needs_vllm
 @needs_sglang
 def test_vllm_and_sglang_agree_with_hf_in_float32(tmp_path, models_root):
-    result = run_diff(composed(f"out_dir={tmp_path}", "model=tiny_kimi_bf16",
+    result = run_diff(diff_composed(f"out_dir={tmp_path}", "model=tiny_kimi_bf16",
                                "diff.engines=[vllm@float32,sglang@float32]", "diff.points=[embed,1,4,7,final_norm]", "diff.probe.num_samples=3",
                                "diff.probe.max_tokens=64", "diff.probe.repeats=1", "diff.probe.alone=0",
                                "diff.html=false")).result
@@ -71,7 +71,8 @@ def test_a_reference_that_does_not_start_is_a_start_failure_not_a_divergence(tmp
     assert [(e["role"], e["failed_at"]) for e in report["engines"]] == [("reference", "start")]
     assert VLLM_REFUSAL in report["engines"][0]["error"] and "\n" not in report["engines"][0]["error"]
 
-    result = run_diff(composed(f"out_dir={tmp_path / 'diff'}", "model=tiny_kimi_bf16", f"diff.reference={UNSTARTABLE}",
-                               "diff.engines=[hf@float32]", *SMALL_PROBE, "diff.html=false")).result
+    result = run_diff(diff_composed(f"out_dir={tmp_path / 'diff'}", "model=tiny_kimi_bf16",
+                                    f"diff.reference={UNSTARTABLE}", "diff.engines=[hf@float32]", *SMALL_PROBE,
+                                    "diff.html=false")).result
     assert result.status == "fail"
     assert result.failures[0].startswith("engine vllm@float32 failed to start: ") and VLLM_REFUSAL in result.failures[0]

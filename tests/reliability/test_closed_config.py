@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError, ExtractConfig, to_config
+from pipeline.config import ConfigError, DiffJobConfig, ExtractConfig, config_groups, to_config
 from pipeline.config.closed import unknown_override_keys
-from pipeline.config.schema import config_groups
+from tests.helpers.cli import cli
+from tests.helpers.diff import composed, diff_composed
 
 pytestmark = pytest.mark.reliability
 REPO = Path(__file__).resolve().parents[2]
 GROUPS = config_groups()
+DIFF_KEYS = ", ".join(f.name for f in dataclasses.fields(DiffJobConfig))
 
 
 def test_a_misspelled_plus_key_stops_extract_before_anything_is_written(tmp_path):
@@ -54,7 +56,7 @@ def test_every_unknown_key_is_named_with_the_closest_valid_one(compose_cfg, over
 @pytest.mark.parametrize("module, override, message", [
     ("pipeline.extract", "runner.max_samples_per_shrad=8",
      "runner.max_samples_per_shrad (did you mean runner.max_samples_per_shard?)"),
-    ("pipeline.diff", "runer.overlap_writes=true", "runer (did you mean runner?)"),
+    ("pipeline.diff", "daat.limit=3", "daat (did you mean data?)"),
 ])
 def test_a_misspelled_plain_override_is_a_configuration_error_too(tmp_path, module, override, message):
     out = tmp_path / "run"
@@ -86,3 +88,24 @@ def test_free_form_nodes_stay_open(compose_cfg):
                                 "diff.reference={name:hf,dtype:float32}"))
     assert cfg.engine.options["my_flag"] == 1
     assert cfg.diff.engines[0]["options"] == {"anything": 1}
+
+
+@pytest.mark.parametrize("override", ["runner.num_replicas=2", "overwrite=true", "engine.dtype=float32",
+                                      "+runner.num_replicas=2", "+overwrite=true"])
+def test_the_diff_refuses_a_key_only_extract_reads(tmp_path, override):
+    """The diff's schema is its own (conf/diff.yaml): extract's runner, engine and overwrite are not ignored there."""
+    out = tmp_path / "diff"
+    proc = cli("pipeline.diff", f"out_dir={out}", override, f"hydra.run.dir={tmp_path / 'logs'}", timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output[-3000:]
+    key = override.lstrip("+").split(".")[0].split("=")[0]
+    assert f"configuration error: unknown config key {key} (valid keys: {DIFF_KEYS})" in output, output[-3000:]
+    assert "probing" not in output and "Traceback" not in output  # refused before any engine starts
+    assert not out.exists()
+
+
+def test_the_diff_config_composes_into_its_own_schema_only():
+    """A job given another job's composed config is refused rather than read for keys it was never checked for."""
+    assert isinstance(to_config(diff_composed("out_dir=x"), DiffJobConfig), DiffJobConfig)
+    with pytest.raises(ConfigError, match="schema is ExtractConfig, not DiffJobConfig"):
+        to_config(composed("out_dir=x"), DiffJobConfig)

@@ -146,10 +146,11 @@ def test_export_terminated_then_resumed(finished, tmp_path):
     assert resumed.returncode == ExitCode.OK and "1 finished earlier" in resumed.stdout, output(resumed)
 
 
-@pytest.mark.parametrize("module", ["pipeline.extract", "pipeline.diff"])
-@pytest.mark.parametrize("override, line", [
-    ("runer.x=1", "configuration error: unknown config key runer (did you mean runner?)"),
-    ("engine=nosuch", "configuration error: In 'config': Could not find 'engine/nosuch'"),
+@pytest.mark.parametrize("module, override, line", [  # each with its own config: conf/config.yaml, conf/diff.yaml
+    ("pipeline.extract", "runer.x=1", "configuration error: unknown config key runer (did you mean runner?)"),
+    ("pipeline.extract", "engine=nosuch", "configuration error: In 'config': Could not find 'engine/nosuch'"),
+    ("pipeline.diff", "daat.x=1", "configuration error: unknown config key daat (did you mean data?)"),
+    ("pipeline.diff", "model=nosuch", "configuration error: In 'diff': Could not find 'model/nosuch'"),
 ])
 def test_main_called_directly_is_as_strict_as_python_m(tmp_path, module, override, line):
     """Not only under `if __name__ == "__main__"`: main() itself checks the overrides, and finds its config from any

@@ -52,7 +52,7 @@ def test_pipeline_verify_checks_a_run_with_verifys_exit_codes(tmp_path):
 
 
 def test_pipeline_diff_refuses_an_unknown_key_from_any_directory(tmp_path):
-    done = script("pipeline-diff", "runer.x=1", f"out_dir={tmp_path / 'out'}", cwd=tmp_path)
+    done = script("pipeline-diff", "daat.x=1", f"out_dir={tmp_path / 'out'}", cwd=tmp_path)
     assert (done.returncode, done.stderr.splitlines()) == (
-        2, ["configuration error: unknown config key runer (did you mean runner?)"]), done.stdout + done.stderr
+        2, ["configuration error: unknown config key daat (did you mean data?)"]), done.stdout + done.stderr
     assert not (tmp_path / "out").exists()

@@ -8,9 +8,20 @@ import pytest
 
 from pipeline.compare.anchors import moe_layers
 from pipeline.compare.lineup import other_entries, probe_run, reference_entry
-from pipeline.config import ConfigError, DiffConfig, to_config
+from pipeline.config import ConfigError, DiffConfig, DiffJobConfig, to_config
 from pipeline.config.entries import SpecError, parse_entry, to_spec, unique
 from pipeline.models.info import ModelInfo
+from tests.helpers.diff import diff_composed
+
+
+def test_the_diff_job_reads_its_own_config():
+    """conf/diff.yaml: the diff group as extract composes it, the model's points as `diff.points=capture`'s."""
+    cfg = to_config(diff_composed("out_dir=x", "storage_dtype=float8_e4m3fn"), DiffJobConfig)
+    assert dataclasses.asdict(cfg.diff) == dataclasses.asdict(DiffConfig())
+    assert (cfg.capture.points, cfg.capture.convention) == (cfg.model.points, "canonical") and cfg.model.points
+    assert cfg.storage_dtype == "float8_e4m3fn"
+    with pytest.raises(ConfigError, match=r"^storage_dtype='int8': must be null or one of"):
+        to_config(diff_composed("out_dir=x", "storage_dtype=int8"), DiffJobConfig)
 
 
 def test_the_yaml_is_the_schema_default(compose_cfg):

@@ -159,9 +159,9 @@ def test_config_check_names_the_setting(kimi_checkpoint, compose_cfg):
     cfg = to_config(compose_cfg(f"model.path={kimi_checkpoint}", "model.build=null",
                                    "model.trust_remote_code=false"))
     with pytest.raises(ConfigError, match=r"set model\.trust_remote_code=true"):
-        resolve_model(cfg)
+        resolve_model(cfg.model)
     trusted = to_config(compose_cfg(f"model.path={kimi_checkpoint}", "model.build=null", "model.trust_remote_code=true"))
-    assert resolve_model(trusted).path == kimi_checkpoint
+    assert resolve_model(trusted.model).path == kimi_checkpoint
 
 
 def test_extract_exits_2_with_one_line_naming_the_setting(kimi_checkpoint, tmp_path):

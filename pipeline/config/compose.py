@@ -1,0 +1,77 @@
+"""The jobs' primary configs: each one's schema registered in Hydra's ConfigStore, and the composed config turned into
+that schema's validated objects. Every job's config is closed (`pipeline.config.closed`): a key its schema does not
+declare is a configuration error naming the key, through the same checks for every job.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Sequence, TypeVar
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.config.closed import unknown_keys_message, unknown_override_keys
+from pipeline.config.entries import CONF_DIR
+from pipeline.config.schema import ConfigError, DiffJobConfig, ExtractConfig
+from pipeline.core.cli import ExitCode
+from pipeline.models.built import models_root
+
+# conf/<name>.yaml -> the schema it composes into (its defaults list names `<name's schema node>` first).
+JOBS: dict[str, type] = {"config": ExtractConfig, "diff": DiffJobConfig}
+_NODES = {"config": "extract_schema", "diff": "diff_schema"}
+Job = TypeVar("Job")
+
+
+def _package_data(relative: str) -> str:
+    return str(Path(__file__).resolve().parents[1] / "data" / relative)
+
+
+def _tiny_model_dir(name: str) -> str:
+    return str(models_root() / name)
+
+
+def register_configs() -> None:
+    """Schemas + resolvers: `${pipeline_data:...}` (files shipped in the package, e.g. the bundled data) and
+    `${tiny_model:NAME}` (where the tiny local models are built: $PIPELINE_MODELS_DIR or <repo>/.cache/models)."""
+    for config_name, schema in JOBS.items():
+        ConfigStore.instance().store(name=_NODES[config_name], node=schema)
+    OmegaConf.register_new_resolver("pipeline_data", _package_data, replace=True)
+    OmegaConf.register_new_resolver("tiny_model", _tiny_model_dir, replace=True)
+
+
+def config_groups() -> list[str]:
+    """conf/'s config groups (model, engine, exp, ...): `model=tiny_llama` chooses one, it sets no key."""
+    return sorted(d.name for d in CONF_DIR.iterdir() if d.is_dir()) if CONF_DIR.is_dir() else []
+
+
+def exit_on_unknown_overrides(argv: Sequence[str], config_name: str = "config") -> None:
+    """For the Hydra entry points, before Hydra composes: a plain override of a key the job's schema does not declare
+    (`runer.overlap_writes=true`) is the configuration error it is (exit status 2, the closest valid key named),
+    not Hydra's composition error (exit status 1) advising `+`."""
+    if message := unknown_override_keys(JOBS[config_name], argv, config_groups()):
+        print(f"configuration error: {message}", file=sys.stderr)
+        sys.exit(ExitCode.USAGE)
+
+
+def to_config(cfg: DictConfig, schema: type[Job] = ExtractConfig) -> Job:  # type: ignore[assignment]
+    """The composed Hydra config as `schema`'s validated objects; an unknown key (also one added with `+`) or a
+    missing required value names its key."""
+    unknown = unknown_keys_message(cfg)
+    if unknown:
+        raise ConfigError(unknown)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"required config value(s) missing: {', '.join(missing)} (pass them as overrides, "
+                         f"e.g. {missing[0]}=...)")
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except ValueError as e:  # a __post_init__ check, possibly wrapped by OmegaConf with its own context
+        raise ConfigError(str(e)) from e
+    if not isinstance(obj, schema):  # a job handed another job's config would read keys it was never checked for
+        raise ConfigError(f"the composed config's schema is {type(obj).__name__}, not {schema.__name__}")
+    return obj
+
+
+def resolved_dict(cfg: DictConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
