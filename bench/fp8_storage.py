@@ -115,7 +115,7 @@ def _extract(work: Path, limit: int) -> list[Path]:
     runs = []
     for name, model in (("kimi", "tiny_kimi_int4"), ("llama", "tiny_llama")):
         out = work / name
-        subprocess.run([sys.executable, "-m", "pipeline.extract", f"out_dir={out}", f"model={model}", "diff.gate=off",
+        subprocess.run([sys.executable, "-m", "pipeline.extract", f"out_dir={out}", f"model={model}", "gate.mode=off",
                         f"data.limit={limit}", f"hydra.run.dir={work / 'logs'}"], cwd=REPO, check=True,
                        capture_output=True)
         runs.append(out)

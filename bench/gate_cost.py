@@ -3,7 +3,7 @@
     .venv/bin/python bench/gate_cost.py [--rounds 6] [--extra override ...]
 
 Runs `python -m pipeline.extract` exactly as a user does (the embedded default: tiny Kimi INT4, bundled data, HF),
-once with the gate (diff.gate=stop, the default) and once without (diff.gate=off), alternating, each in a fresh
+once with the gate (gate.mode=stop, the default) and once without (gate.mode=off), alternating, each in a fresh
 process. Prints, per round:
 - the gate's own time as extract measures and prints it (reference engine start/probe/close, primary probe,
   analysis, report), as a fraction of the whole run;
@@ -24,7 +24,7 @@ from pathlib import Path
 from statistics import median
 
 REPO = Path(__file__).resolve().parents[1]
-_GATE = re.compile(r"diff gate: (\w+) \(diff\.gate=\w+\) in ([\d.]+)s = ([\d.]+)% of this run")
+_GATE = re.compile(r"diff gate: (\w+) \(gate\.mode=\w+\) in ([\d.]+)s = ([\d.]+)% of this run")
 _TOTAL = re.compile(r"rejected \(see rejects\.parquet\); ([\d.]+)s")
 
 
@@ -55,7 +55,7 @@ def main() -> None:
             on_first = r % 2 == 0  # alternate the order: a warm page cache favours whichever runs second
             runs = {}
             for mode in (("on", "off") if on_first else ("off", "on")):
-                gate = [] if mode == "on" else ["diff.gate=off"]
+                gate = [] if mode == "on" else ["gate.mode=off"]
                 runs[mode] = extract(Path(tmp) / f"r{r}-{mode}", *gate, *args.extra)
             rows.append((*runs["on"], *runs["off"][:2]))
         print("\ndefault run (tiny Kimi INT4, bundled conversations, HF engine; gate: primary hf vs hf@float32)")

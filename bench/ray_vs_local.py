@@ -29,7 +29,7 @@ def run(runner: str, data: Path, out: Path):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
             f"runner={runner}", f"data.path={data}", f"out_dir={out}", "runner.max_tokens_per_shard=4096",
-            "diff.gate=off", *extra])
+            "gate.mode=off", *extra])
     return run_extract(cfg)
 
 

@@ -25,7 +25,7 @@ from pipeline.shards.manifest import is_finished
 @dataclass(frozen=True, kw_only=True)
 class Lineup:
     """The engines a job starts: extract's primary (None for the diff), the reference and the others, where `where`
-    is the config key of the others (`diff.engines`, `diff.gate_engines`)."""
+    is the config key of the others (`diff.engines`, `gate.engines`)."""
 
     primary: EngineSpec | None = None
     reference: Any
@@ -40,7 +40,7 @@ class Checked:
 
 
 def check_engines(lineup: Lineup) -> None:
-    """Every engine's name and options (also the gate's with diff.gate=off: a misspelled option is not left for the
+    """Every engine's name and options (also the gate's with gate.mode=off: a misspelled option is not left for the
     day the gate is turned on); nothing starts, and no built-in engine's adapter is imported."""
     if lineup.primary is not None:
         try:

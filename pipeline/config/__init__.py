@@ -11,6 +11,7 @@ from pipeline.config.schema import (
     DiffConfig,
     DiffJobConfig,
     ExtractConfig,
+    GateConfig,
     ModelConfig,
     ProbeConfig,
     RoutingFlipConfig,
@@ -19,6 +20,6 @@ from pipeline.config.schema import (
 )
 
 __all__ = ["AlignmentConfig", "CaptureConfig", "CONF_DIR", "ConfigError", "DataConfig", "DiffConfig", "DiffJobConfig",
-           "ExtractConfig", "ModelConfig", "ProbeConfig", "RoutingFlipConfig", "RunnerConfig", "Thresholds",
+           "ExtractConfig", "GateConfig", "ModelConfig", "ProbeConfig", "RoutingFlipConfig", "RunnerConfig", "Thresholds",
            "config_groups", "exit_on_bad_overrides", "exit_on_unknown_overrides", "register_configs", "resolved_dict",
            "to_config"]

@@ -184,35 +184,22 @@ class DiffConfig:
     engines: list[Any] = field(default_factory=lambda: ["hf@bfloat16"])  # name, name@dtype or {name: ..., ...}
     reference: Any = "hf@float32"  # captures every boundary + final_norm (the alignment matrix needs them all)
     points: Any = "all"  # what the compared engines capture: all | capture (= capture.points) | a list
-    gate: str = "stop"  # extract: stop | warn | off
-    gate_engines: list[Any] = field(default_factory=list)  # extract: more engines compared with the primary
     probe: ProbeConfig = field(default_factory=ProbeConfig)
-    gate_probe: ProbeConfig = field(
-        default_factory=lambda: ProbeConfig(num_samples=4, max_tokens=64, repeats=1, alone=1))
     thresholds: dict[str, Thresholds] = field(default_factory=_default_thresholds)
     routing_flips: RoutingFlipConfig = field(default_factory=RoutingFlipConfig)
     alignment: AlignmentConfig = field(default_factory=AlignmentConfig)
     logits: bool = True  # top-1 / KL through the checkpoint's final norm and LM head
     html: bool = True  # python -m pipeline.diff: report.html with plots (matplotlib)
-    gate_html: str = "on_failure"  # extract: the gate's report.html: on_failure | always (after the run) | never
 
     def __post_init__(self) -> None:
-        self.gate = _choice(GateMode, self.gate, "diff.gate")
-        self.gate_html = _choice(GateHtml, self.gate_html, "diff.gate_html")
         try:
             parse_entries(self.engines, "diff.engines")
-            parse_entries(self.gate_engines, "diff.gate_engines")
             parse_entry(self.reference, "diff.reference")
         except SpecError as e:
             raise ValueError(str(e)) from e
         _require(self.points in ("all", "capture") or isinstance(self.points, (list, tuple)), "diff.points",
                  self.points, "must be all, capture, or a list of capture points")
-        for name, probe in (("diff.probe", self.probe), ("diff.gate_probe", self.gate_probe)):
-            _require(probe.num_samples >= 1, f"{name}.num_samples", probe.num_samples, "must be >= 1")
-            _require(probe.max_tokens >= 2, f"{name}.max_tokens", probe.max_tokens, "must be >= 2")
-            _require(probe.repeats >= 1, f"{name}.repeats", probe.repeats, "must be >= 1")
-            _require(0 <= probe.alone <= probe.num_samples, f"{name}.alone", probe.alone,
-                     f"must be between 0 and {name}.num_samples")
+        _check_probe("diff.probe", self.probe)
         for dtype, t in self.thresholds.items():
             _require(dtype in COMPUTE_DTYPES, "diff.thresholds", dtype,
                      f"keys are compute dtypes: {list(COMPUTE_DTYPES)}")
@@ -228,6 +215,34 @@ class DiffConfig:
         _require(0 <= r.max_fraction <= 1, "diff.routing_flips.max_fraction", r.max_fraction, "must be within [0, 1]")
 
 
+def _check_probe(name: str, probe: ProbeConfig) -> None:
+    _require(probe.num_samples >= 1, f"{name}.num_samples", probe.num_samples, "must be >= 1")
+    _require(probe.max_tokens >= 2, f"{name}.max_tokens", probe.max_tokens, "must be >= 2")
+    _require(probe.repeats >= 1, f"{name}.repeats", probe.repeats, "must be >= 1")
+    _require(0 <= probe.alone <= probe.num_samples, f"{name}.alone", probe.alone,
+             f"must be between 0 and {name}.num_samples")
+
+
+@dataclass(kw_only=True)
+class GateConfig:
+    """The diff as the gate of `python -m pipeline.extract` (pipeline/run/gate.py): before any shard is written, the
+    primary engine against `diff.reference` (and `engines`) on a small probe, judged by diff's thresholds."""
+
+    mode: str = "stop"  # stop | warn | off
+    engines: list[Any] = field(default_factory=list)  # more engines compared with the primary
+    probe: ProbeConfig = field(default_factory=lambda: ProbeConfig(num_samples=4, max_tokens=64, repeats=1, alone=1))
+    html: str = "on_failure"  # the gate's report.html: on_failure | always (after the run) | never
+
+    def __post_init__(self) -> None:
+        self.mode = _choice(GateMode, self.mode, "gate.mode")
+        self.html = _choice(GateHtml, self.html, "gate.html")
+        try:
+            parse_entries(self.engines, "gate.engines")
+        except SpecError as e:
+            raise ValueError(str(e)) from e
+        _check_probe("gate.probe", self.probe)
+
+
 @dataclass(kw_only=True)
 class ExtractConfig:
     model: ModelConfig = MISSING
@@ -235,8 +250,9 @@ class ExtractConfig:
     data: DataConfig = MISSING
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
-    # The gate before capture (diff.reference, diff.gate*, the thresholds); diff.engines, probe and html are the diff
-    # job's (DiffJobConfig), left here until the gate's fields have a config of their own.
+    gate: GateConfig = field(default_factory=GateConfig)
+    # The comparison the gate runs (diff.reference, the thresholds, alignment, routing flips); diff.engines, probe and
+    # html are the diff job's (DiffJobConfig) and unused here.
     diff: DiffConfig = field(default_factory=DiffConfig)
     out_dir: str = MISSING
     overwrite: bool = False  # replace a finished run directory (never done silently)

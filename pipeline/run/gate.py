@@ -1,10 +1,10 @@
 """The diff as a gate of `python -m pipeline.extract`: before any shard is written, a probe subset goes through the
-reference (and `diff.gate_engines`) and through the primary engine; over the thresholds, or with any capture point
-not where its engine claims it is, the run stops (diff.gate=stop) or warns (diff.gate=warn).
+reference (and `gate.engines`) and through the primary engine; over the thresholds, or with any capture point
+not where its engine claims it is, the run stops (gate.mode=stop) or warns (gate.mode=warn).
 
 Engine lifetimes: the reference engines are started, probed and closed first (on a GPU node they need the devices the
 primary will use); the primary is started once by the job, probed here, and then captures the run. Only the primary
-gets the self-checks (diff.gate_probe: by default one sample alone vs in the batch, which also shows run-to-run
+gets the self-checks (gate.probe: by default one sample alone vs in the batch, which also shows run-to-run
 non-determinism); it is the engine whose states are written.
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ def off() -> GateOutcome:
 
 
 class GateOff:
-    """diff.gate=off: nothing is probed or compared; the outcome says the gate was off."""
+    """gate.mode=off: nothing is probed or compared; the outcome says the gate was off."""
 
     def probe_references(self, samples: Sequence[PreparedSample], executor: Executor) -> None:
         pass
@@ -89,10 +89,10 @@ class DiffGate:
     @classmethod
     def create(cls, cfg: ExtractConfig, model: ModelInfo, points: Sequence[Point],
                out_dir: Path) -> "DiffGate | GateOff":
-        """GateOff when diff.gate=off. Resolves the reference entries (config errors surface here, before any work)."""
-        if cfg.diff.gate == "off":
+        """GateOff when gate.mode=off. Resolves the reference entries (config errors surface here, before any work)."""
+        if cfg.gate.mode == "off":
             return GateOff()
-        others = comparison(cfg.diff.reference, cfg.diff.gate_engines, "diff.gate_engines", model=model,
+        others = comparison(cfg.diff.reference, cfg.gate.engines, "gate.engines", model=model,
                             all_points=all_points(model.num_layers), points=points,
                             trust_remote_code=cfg.model.trust_remote_code)
         for request in others:  # constructing loads nothing; an engine whose environment is absent fails here
@@ -106,7 +106,7 @@ class DiffGate:
         """Start, probe and close every engine other than the primary (once each, no self-checks), each where the
         executor runs a replica (`executor.run_beside`: on Ray, a task with a replica's GPUs)."""
         t0 = time.perf_counter()
-        probe = self.cfg.diff.gate_probe
+        probe = self.cfg.gate.probe
         self.samples = probe_samples(samples, probe)
         once = dataclasses.replace(probe, repeats=1, alone=0)
         for request in self.others:
@@ -114,7 +114,7 @@ class DiffGate:
             self.runs.append(executor.run_beside(probe_engine, request, self.samples, once,
                                                  num_layers=self.model.num_layers, hidden_size=self.model.hidden_size))
         self.seconds["references"] = time.perf_counter() - t0
-        if self.cfg.diff.gate == "stop" and any(r.start_failed for r in self.runs):
+        if self.cfg.gate.mode == "stop" and any(r.start_failed for r in self.runs):
             # Nothing to hold the primary against: stop before it starts (on a real model, minutes of loading).
             self._conclude(self.runs)
 
@@ -127,7 +127,7 @@ class DiffGate:
                                model_path=str(self.model.path), points=self.points,
                                trust_remote_code=c.model.trust_remote_code)
         # An error is in the capture: the report says so and the gate fails.
-        run = capture_probe(request, executor, self.samples, c.diff.gate_probe, hidden_size=self.model.hidden_size)
+        run = capture_probe(request, executor, self.samples, c.gate.probe, hidden_size=self.model.hidden_size)
         self.seconds["primary probe"] = time.perf_counter() - t0
         return self._conclude([*self.runs, run])
 
@@ -143,26 +143,27 @@ class DiffGate:
         result = dataclasses.replace(result, seconds={**result.seconds,
                                                       **{f"gate {k}": v for k, v in self.seconds.items()}})
         # Plots are for people, not for the decision: drawn now when the gate fails (the stop message points at
-        # them), after the run for diff.gate_html=always, and otherwise on demand from report.json.
+        # them), after the run for gate.html=always, and otherwise on demand from report.json.
         fails = result.status == Status.FAIL
-        self._html_due = not fails and c.diff.gate_html == "always"
-        write_report(result, report_dir, config=report_config(c.diff, command="pipeline.extract gate"),
-                     html=fails and c.diff.gate_html != "never")
+        self._html_due = not fails and c.gate.html == "always"
+        write_report(result, report_dir, config=report_config(c.diff, command="pipeline.extract gate",
+                                                              gate=dataclasses.asdict(c.gate)),
+                     html=fails and c.gate.html != "never")
         self.seconds["report"] = time.perf_counter() - t2
-        outcome = GateOutcome(mode=c.diff.gate, status=result.status, report_dir=report_dir,
+        outcome = GateOutcome(mode=c.gate.mode, status=result.status, report_dir=report_dir,
                               parts=dict(self.seconds), result=result,
                               summary=summary(result, report=f"{DIFF_DIR}/report.json"),
                               lines=result.failures + result.warnings)
         if result.status == Status.FAIL:
             message = _stop_message(result, report_dir)
-            if c.diff.gate == "stop":
+            if c.gate.mode == "stop":
                 raise DiffGateError(message)
-            log.warning("diff gate (diff.gate=warn, capturing anyway): %s", message)
+            log.warning("diff gate (gate.mode=warn, capturing anyway): %s", message)
         self.outcome = outcome
         return outcome
 
     def finish(self) -> None:
-        """After the run: report.html of a gate that did not fail, with diff.gate_html=always (its time is counted in
+        """After the run: report.html of a gate that did not fail, with gate.html=always (its time is counted in
         the gate's cost)."""
         if not self._html_due or self.outcome is None or self.outcome.result is None:
             return
@@ -185,21 +186,21 @@ def _stop_message(result: DiffResult, report_dir: Path) -> str:
         return ("the diff gate could not compare the engines, before any shard was written:\n"
                 + "\n".join(f"  - engine {r.label} ({r.role}) failed to start: {r.error}" for r in unstarted) + "\n"
                 + _where(report_dir) + "\nfix what stops that engine from starting (its options are in "
-                "diff.reference / diff.gate_engines), or pass diff.gate=warn to capture without it")
+                "diff.reference / gate.engines), or pass gate.mode=warn to capture without it")
     shown = result.failures[:4]
     more = f"\n  ... and {len(result.failures) - len(shown)} more" if len(result.failures) > len(shown) else ""
     return ("the diff gate found the primary engine out of line with the reference, before any shard was written:\n"
             + "\n".join(f"  - {f}" for f in shown) + more + "\n" + _where(report_dir)
-            + "\nfix the engine or its capture convention, or pass diff.gate=warn to capture anyway")
+            + "\nfix the engine or its capture convention, or pass gate.mode=warn to capture anyway")
 
 
 def describe(outcome: GateOutcome, run_seconds: float) -> list[str]:
     """What extract prints about its gate: verdict, cost (absolute and as a fraction of the run), report, findings."""
     if outcome.mode == "off":
-        return ["diff gate: off (diff.gate=off)"]
+        return ["diff gate: off (gate.mode=off)"]
     share = outcome.seconds / run_seconds if run_seconds > 0 else 0.0
     parts = ", ".join(f"{k} {v:.1f}s" for k, v in outcome.parts.items())
-    lines = [f"diff gate: {outcome.status} (diff.gate={outcome.mode}) in {outcome.seconds:.1f}s = {share:.1%} of this "
+    lines = [f"diff gate: {outcome.status} (gate.mode={outcome.mode}) in {outcome.seconds:.1f}s = {share:.1%} of this "
              f"run ({parts}); {_where(outcome.report_dir) if outcome.report_dir else 'no report'}"]
     return lines + [f"  - {x}" for x in outcome.lines[:6]]
 

@@ -128,7 +128,7 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
     cfg = to_config(dcfg)
     run = resolve_run(cfg)  # every config error surfaces here, before any model loads
     executor = _executor(run)
-    gate = DiffGate.create(cfg, run.model, run.points, run.out_dir)  # GateOff when diff.gate=off
+    gate = DiffGate.create(cfg, run.model, run.points, run.out_dir)  # GateOff when gate.mode=off
     config = resolved_dict(dcfg)
     prepared, chat_template = _prepare(run)
     digests = provenance.model_digests(run.model, chat_template, cfg.model.trust_remote_code)

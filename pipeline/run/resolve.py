@@ -24,8 +24,8 @@ class ResolvedRun:
 
 
 def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
-    lineup = Lineup(primary=cfg.engine, reference=cfg.diff.reference, others=cfg.diff.gate_engines,
-                    where="diff.gate_engines")
+    lineup = Lineup(primary=cfg.engine, reference=cfg.diff.reference, others=cfg.gate.engines,
+                    where="gate.engines")
     checked = preflight(model=cfg.model, data=cfg.data, out_dir=cfg.out_dir, lineup=lineup, run=True,
                         overwrite=cfg.overwrite)
     model = checked.model

@@ -25,7 +25,7 @@ def cli(module: str, *args: str, env: dict | None = None) -> subprocess.Complete
 
 
 def extract(out: Path, *overrides: str) -> Path:
-    proc = cli("pipeline.extract", f"out_dir={out}", "diff.gate=off", f"hydra.run.dir={out.parent / 'logs'}",
+    proc = cli("pipeline.extract", f"out_dir={out}", "gate.mode=off", f"hydra.run.dir={out.parent / 'logs'}",
                *overrides)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
@@ -70,7 +70,7 @@ def resumed_run(tmp_path_factory, llama_run) -> Path:
     (run / "manifest.json").unlink()
     for path in (run / "shards").glob("shard-00002.*"):
         path.unlink()
-    proc = cli("pipeline.extract", f"out_dir={run}", "diff.gate=off", f"hydra.run.dir={run.parent / 'logs'}",
+    proc = cli("pipeline.extract", f"out_dir={run}", "gate.mode=off", f"hydra.run.dir={run.parent / 'logs'}",
                "model=tiny_llama", "capture.points=[1,3,5,last,final_norm]", "data.limit=12",
                "runner.max_samples_per_shard=5")
     assert proc.returncode == 0 and "(2 finished earlier)" in proc.stdout, proc.stdout + proc.stderr[-2000:]

@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.helpers import REPO
 
 # Two shards of the tiny default, no gate: the fastest run that still has every kind of write step.
-SMALL = ("diff.gate=off", "data.limit=6", "runner.max_tokens_per_shard=800")
+SMALL = ("gate.mode=off", "data.limit=6", "runner.max_tokens_per_shard=800")
 
 
 def extract_cmd(out: Path, *overrides: str) -> list[str]:

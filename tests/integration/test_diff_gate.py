@@ -13,7 +13,7 @@ from tests.helpers.diff import composed
 from tests.helpers.faulty_engines import registered
 
 pytestmark = [pytest.mark.integration]
-SMALL = ["data.limit=6", "data.max_length=96", "runner.max_samples_per_shard=3", "diff.gate_probe.num_samples=3"]
+SMALL = ["data.limit=6", "data.max_length=96", "runner.max_samples_per_shard=3", "gate.probe.num_samples=3"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -35,9 +35,9 @@ def test_a_convention_error_stops_extract_before_any_shard(tmp_path, models_root
     with pytest.raises(DiffGateError) as stop:
         extract(out, "engine.name=hf-remap", "engine.dtype=float32", f"+engine.options.remap={remap}")
     message = str(stop.value)
-    # a failing gate draws its plots (diff.gate_html=on_failure): the message points at them
+    # a failing gate draws its plots (gate.html=on_failure): the message points at them
     assert named in message and f"report: {out.resolve()}/diff/report.html" in message
-    assert "diff.gate=warn" in message  # how to proceed anyway
+    assert "gate.mode=warn" in message  # how to proceed anyway
     assert sorted(p.name for p in out.iterdir()) == [".lock", "diff"]  # the released lock; no shards, manifest or run record
     report = json.loads((out / "diff" / "report.json").read_text())
     assert report["status"] == "fail" and any(named in p for a in report["alignment"] for p in a["problems"])
@@ -53,7 +53,7 @@ def test_the_default_run_passes_the_gate_and_records_it(tmp_path, models_root):
     gate = summary.gate
     assert gate.mode == "stop" and gate.status == "warn"  # bf16 vs float32 on an MoE model: routing flips
     assert 0 < gate.seconds < summary.seconds
-    # a gate the run went through draws no plots (diff.gate_html=on_failure); they can be drawn from report.json
+    # a gate the run went through draws no plots (gate.html=on_failure); they can be drawn from report.json
     assert sorted(p.name for p in (out / "diff").iterdir()) == ["report.json", "report.md"]
     assert f"plots: python -m pipeline.compare.html {(out / 'diff').resolve()}" in describe(gate, summary.seconds)[0]
     manifest = json.loads((out / "manifest.json").read_text())
@@ -74,7 +74,7 @@ def test_the_default_run_passes_the_gate_and_records_it(tmp_path, models_root):
 def test_warn_mode_captures_anyway_and_says_so(tmp_path, models_root):
     out = tmp_path / "run"
     summary = extract(out, "engine.name=hf-remap", "engine.dtype=float32", "+engine.options.remap={b4:b5}",
-                      "diff.gate=warn", "diff.gate_html=never")
+                      "gate.mode=warn", "gate.html=never")
     assert summary.gate.status == "fail" and summary.num_samples == 6
     assert not (out / "diff" / "report.html").exists()
     diff = json.loads((out / "manifest.json").read_text())["provenance"]["diff"]
@@ -84,7 +84,7 @@ def test_warn_mode_captures_anyway_and_says_so(tmp_path, models_root):
 
 def test_gate_off_runs_nothing(tmp_path, models_root):
     out = tmp_path / "run"
-    summary = extract(out, "diff.gate=off")
+    summary = extract(out, "gate.mode=off")
     assert summary.gate.status == "off" and not (out / "diff").exists()
     assert json.loads((out / "manifest.json").read_text())["provenance"]["diff"] == {"status": "off", "gate": "off"}
 
@@ -101,7 +101,7 @@ def test_a_reference_that_cannot_run_is_a_config_error_before_any_work(tmp_path,
 
 def test_always_draws_the_plots_after_the_run_and_counts_them(tmp_path, models_root):
     out = tmp_path / "run"
-    summary = extract(out, "engine.dtype=float32", "diff.gate_html=always")
+    summary = extract(out, "engine.dtype=float32", "gate.html=always")
     gate = summary.gate
     assert gate.status == "pass" and (out / "diff" / "report.html").is_file()
     drawn = gate.parts["report.html (after the run)"]

@@ -27,7 +27,7 @@ def test_the_gate_stops_vllm_on_the_default_rope_model(tmp_path, models_root):
     out = tmp_path / "run"
     with pytest.raises(DiffGateError) as stop:
         run_extract(composed(f"out_dir={out}", "model=tiny_kimi_bf16_defaultrope", "engine=vllm",
-                             "engine.dtype=float32", "data.limit=4", "diff.gate_probe.num_samples=3",
+                             "engine.dtype=float32", "data.limit=4", "gate.probe.num_samples=3",
                              "diff.html=false"))
     assert "vllm@float32 (primary) vs hf@float32" in str(stop.value)
     assert sorted(p.name for p in out.iterdir()) == [".lock", "diff"]  # stopped before any shard (the lock, released)
@@ -60,7 +60,7 @@ def test_a_reference_that_does_not_start_is_a_start_failure_not_a_divergence(tmp
     out = tmp_path / "run"
     with pytest.raises(DiffGateError) as stop:
         run_extract(composed(f"out_dir={out}", "model=tiny_kimi_bf16", "engine.dtype=float32",
-                             f"diff.reference={UNSTARTABLE}", "data.limit=4", "diff.gate_probe.num_samples=3",
+                             f"diff.reference={UNSTARTABLE}", "data.limit=4", "gate.probe.num_samples=3",
                              "diff.html=false"))
     message = str(stop.value)
     assert "engine vllm@float32 (reference) failed to start: " in message and VLLM_REFUSAL in message

@@ -165,7 +165,7 @@ def test_bad_input_fails_before_anything_is_written(tmp_path, override, message)
 @pytest.mark.parametrize("runner", ["local", "ray"])
 def test_an_engine_that_cannot_start_is_one_clear_line_and_nothing_is_written(tmp_path, runner):
     out = tmp_path / "run"
-    proc = cli("pipeline.extract", f"out_dir={out}", f"runner={runner}", "diff.gate=off", *SMALL,
+    proc = cli("pipeline.extract", f"out_dir={out}", f"runner={runner}", "gate.mode=off", *SMALL,
                "engine.options.attn_implementation=flash_attention_9", f"hydra.run.dir={tmp_path / 'logs'}")
     output = proc.stderr + proc.stdout
     assert proc.returncode == 2, output[-3000:]

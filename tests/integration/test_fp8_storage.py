@@ -22,7 +22,7 @@ H, NUM_POINTS = 256, 5  # the tiny Kimi: hidden size, and its default points [em
 def runs(tmp_path_factory, models_root):
     """The same captures stored as captured (bf16, no gate) and in fp8 (with the default gate)."""
     root = tmp_path_factory.mktemp("fp8")
-    plain = extract(root / "bf16", *SMALL, "diff.gate=off")
+    plain = extract(root / "bf16", *SMALL, "gate.mode=off")
     assert plain.returncode == 0, output(plain)[-3000:]
     fp8 = extract(root / "fp8", *SMALL, FP8)
     assert fp8.returncode == 0, output(fp8)[-3000:]

@@ -32,7 +32,7 @@ def test_no_valid_record_is_one_line_with_the_reasons(tmp_path, gate, kind):
     data = tmp_path / "data.jsonl"
     data.write_text("") if kind == "empty" else _bad_records(data)
     out = tmp_path / "run"
-    done = extract(out, f"data.path={data}", f"diff.gate={gate}")
+    done = extract(out, f"data.path={data}", f"gate.mode={gate}")
     assert done.returncode == 2, output(done)[-3000:]
     (line,) = error_lines(done)
     assert f"no valid records in {data}: " in line
@@ -53,7 +53,7 @@ def test_no_valid_record_is_one_line_with_the_reasons(tmp_path, gate, kind):
 def test_a_malformed_json_array_is_one_line(tmp_path):
     data = tmp_path / "data.json"
     data.write_text('[{"messages": [{"role": "user", "content": "hi"}, ')
-    done = extract(tmp_path / "run", f"data.path={data}", "diff.gate=off")
+    done = extract(tmp_path / "run", f"data.path={data}", "gate.mode=off")
     assert done.returncode == 2
     (line,) = error_lines(done)
     assert f"data.path={str(data)!r}" in line and "Traceback" not in output(done)

@@ -38,7 +38,7 @@ def test_a_misspelled_plus_key_stops_extract_before_anything_is_written(tmp_path
 @pytest.mark.parametrize("override, message", [
     ("++runner.max_samples_per_shrad=8", "runner.max_samples_per_shrad (did you mean runner.max_samples_per_shard?)"),
     ("+data.max_lenght=64", "data.max_lenght (did you mean data.max_length?)"),
-    ("+diff.gate_probe.num_sample=2", "diff.gate_probe.num_sample (did you mean diff.gate_probe.num_samples?)"),
+    ("+gate.probe.num_sample=2", "gate.probe.num_sample (did you mean gate.probe.num_samples?)"),
     ("+diff.thresholds.bfloat16.rel_l3=0.1", "diff.thresholds.bfloat16.rel_l3 (did you mean "
                                              "diff.thresholds.bfloat16.rel_l2?)"),
     ("+engine.batchsize=4", "engine.batchsize (did you mean engine.batch_size?)"),

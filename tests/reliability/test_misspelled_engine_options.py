@@ -1,5 +1,5 @@
 """A misspelled engine option, on any engine and wherever engine options are given (the primary's `engine.options`,
-`diff.reference.options`, a `diff.engines` or `diff.gate_engines` entry's), is a configuration error (exit status 2)
+`diff.reference.options`, a `diff.engines` or `gate.engines` entry's), is a configuration error (exit status 2)
 naming the option's config path and the closest valid spelling, before any engine starts.
 
 "No engine started" is observed, not inferred from timing: every refused engine is given an interpreter
@@ -103,9 +103,9 @@ def test_a_wrongly_typed_or_unknown_primary_option_names_it(compose_cfg, overrid
 
 def test_the_gates_engines_are_checked_also_with_the_gate_off(compose_cfg):
     """A misspelled option is not left for the day the gate is turned on."""
-    cfg = compose_cfg("diff.gate=off", "diff.gate_engines=[{name:sglang,options:{device:cpu,log_levl:info}}]",
+    cfg = compose_cfg("gate.mode=off", "gate.engines=[{name:sglang,options:{device:cpu,log_levl:info}}]",
                       "out_dir=x")
-    with pytest.raises(ConfigError, match=r"^unknown option diff\.gate_engines\[0\]\.options\.log_levl for "
-                                          r"engine=sglang \(did you mean diff\.gate_engines\[0\]\.options\.log_level"
+    with pytest.raises(ConfigError, match=r"^unknown option gate\.engines\[0\]\.options\.log_levl for "
+                                          r"engine=sglang \(did you mean gate\.engines\[0\]\.options\.log_level"
                                           r"\?\)$"):
         resolve_run(to_config(cfg))

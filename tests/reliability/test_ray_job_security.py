@@ -28,7 +28,7 @@ def test_the_rayjob_turns_on_token_auth_and_keeps_the_dashboard_in_the_cluster()
 def _submit(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "PIPELINE_ALLOW"))}
     path = f"{Path(sys.executable).parent}:{clean.get('PATH', '')}"  # the real `ray` CLI of this environment
-    return subprocess.run(["bash", str(SUBMIT), "diff.gate=off"], env={**clean, "HOME": str(tmp_path), "PATH": path,
+    return subprocess.run(["bash", str(SUBMIT), "gate.mode=off"], env={**clean, "HOME": str(tmp_path), "PATH": path,
                                                                        **env},
                           capture_output=True, text=True, timeout=120)
 

@@ -26,7 +26,7 @@ from pipeline.verify import main as verify_main
 pytestmark = pytest.mark.reliability
 REPO = Path(__file__).resolve().parents[2]
 BAD_RECORDS = ["{not json", json.dumps({"messages": [{"role": "user", "content": "hi"}]})]  # 2 rejects, 2 reasons
-RUN = ("diff.gate=off", "data.limit=8", "runner.max_samples_per_shard=4", "data.max_length=96")
+RUN = ("gate.mode=off", "data.limit=8", "runner.max_samples_per_shard=4", "data.max_length=96")
 ST0, ST1 = "shards/shard-00000.safetensors", "shards/shard-00001.safetensors"
 
 

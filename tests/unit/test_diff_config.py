@@ -27,7 +27,7 @@ def test_the_diff_job_reads_its_own_config():
 def test_the_yaml_is_the_schema_default(compose_cfg):
     cfg = to_config(compose_cfg())
     assert dataclasses.asdict(cfg.diff) == dataclasses.asdict(DiffConfig())
-    assert (cfg.diff.reference, cfg.diff.engines, cfg.diff.gate) == ("hf@float32", ["hf@bfloat16"], "stop")
+    assert (cfg.diff.reference, cfg.diff.engines, cfg.gate.mode) == ("hf@float32", ["hf@bfloat16"], "stop")
 
 
 def test_engine_entries_as_strings_and_mappings(compose_cfg):
@@ -48,15 +48,15 @@ def test_an_entry_equal_to_the_reference_is_the_reference():
 
 
 @pytest.mark.parametrize("override, match", [
-    ("diff.gate=maybe", r"diff\.gate='maybe'"),
-    ("diff.gate_html=sometimes", r"diff\.gate_html='sometimes': must be one of \('on_failure', 'always', 'never'\)"),
+    ("gate.mode=maybe", r"gate\.mode='maybe'"),
+    ("gate.html=sometimes", r"gate\.html='sometimes': must be one of \('on_failure', 'always', 'never'\)"),
     ("diff.engines=[hf@fp64]", r"diff\.engines\[0\]='hf@fp64': dtype 'fp64' must be one of"),
     ("diff.engines=[{dtype:float32}]", r"an engine entry needs a name"),
     ("diff.engines=[{name:hf,colour:red}]", r"unknown key\(s\) \['colour'\]"),
     ("diff.reference=''", r"diff\.reference=''"),
     ("diff.alignment.ambiguous=ignore", r"diff\.alignment\.ambiguous='ignore'"),
     ("diff.probe.alone=9", r"diff\.probe\.alone=9"),
-    ("diff.gate_probe.repeats=0", r"diff\.gate_probe\.repeats=0"),
+    ("gate.probe.repeats=0", r"gate\.probe\.repeats=0"),
     ("diff.points=some", r"diff\.points='some'"),
     ("diff.thresholds.bfloat16.top1=1.5", r"diff\.thresholds\.bfloat16\.top1=1\.5"),
 ])

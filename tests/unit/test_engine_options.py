@@ -103,10 +103,10 @@ def test_valid_options_become_typed_fields():
 
 def test_check_options_names_the_config_path_and_the_engine():
     spec = EngineSpec(name="vllm", options={"max_model_lenn": 2048})
-    with pytest.raises(OptionsError, match=r"^unknown option diff\.gate_engines\[1\]\.options\.max_model_lenn for "
-                                           r"engine=vllm \(did you mean diff\.gate_engines\[1\]\.options\."
+    with pytest.raises(OptionsError, match=r"^unknown option gate\.engines\[1\]\.options\.max_model_lenn for "
+                                           r"engine=vllm \(did you mean gate\.engines\[1\]\.options\."
                                            r"max_model_len\?\)$"):
-        check_options(spec, "diff.gate_engines[1]")
+        check_options(spec, "gate.engines[1]")
     with pytest.raises(ValueError, match="engine='nosuch' is unknown"):
         check_options(EngineSpec(name="nosuch"), "engine")
     assert set(CLASSES) <= set(engine_names())

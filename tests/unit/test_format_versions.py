@@ -1,5 +1,5 @@
 """Every format version still reads: a run written by the version-1 code (tests/data/run-format-1, made by commit
-b7498a0 with `model=tiny_llama data.limit=2 data.max_length=48 diff.gate=off runner.max_samples_per_shard=1`)
+b7498a0 with `model=tiny_llama data.limit=2 data.max_length=48 gate.mode=off runner.max_samples_per_shard=1`)
 verifies, reads and exports with today's code, and a run written today says version 2."""
 from __future__ import annotations
 

@@ -166,7 +166,7 @@ def test_config_check_names_the_setting(kimi_checkpoint, compose_cfg):
 
 def test_extract_exits_2_with_one_line_naming_the_setting(kimi_checkpoint, tmp_path):
     proc = cli("pipeline.extract", f"out_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'logs'}",
-               f"model.path={kimi_checkpoint}", "model.build=null", "model.trust_remote_code=false", "diff.gate=off",
+               f"model.path={kimi_checkpoint}", "model.build=null", "model.trust_remote_code=false", "gate.mode=off",
                timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "model.trust_remote_code" in line]
