@@ -8,9 +8,7 @@ text weights.
 from __future__ import annotations
 
 # torch, numpy and transformers are imported inside the functions that build: a cached ensure_model() stays cheap.
-import hashlib
 import json
-import math
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,12 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.factory import k25
+from pipeline.factory.weights import LOGIT_SCALE, SEED, init_tensor
 
-SEED = 20260130
 VOCAB_SIZE = 4096
-# Logits with std ~4 (entropy ~3 nats of 8.3): peaked enough that top-1 agreement and KL between engines mean
-# something, unlike the near-uniform distribution of a unit-scale head.
-LOGIT_SCALE = 4.0
 
 # Kimi-K2's config.json keys, scaled down. Kept as in Kimi: kv_lora_rank 512 and qk_rope_head_dim 64 (the only MLA
 # shape vLLM's CPU backend runs), the routing (sigmoid, noaux_tc, 1 group, norm_topk_prob, scaling 2.827) and the
@@ -157,7 +152,7 @@ def build_model_dir(recipe: Recipe, out_dir: Path) -> None:
     token_ids = _special_token_ids(out_dir, trust_remote_code=recipe.tokenizer == "kimi")
     config = _hf_config(recipe, token_ids)
     names_shapes = _checkpoint_layout(config, out_dir)
-    tensors = {name: _init_tensor(name, shape) for name, shape in names_shapes.items()}
+    tensors = {name: init_tensor(name, shape) for name, shape in names_shapes.items()}
     if recipe.family == "kimi":
         tensors = _kimi_tensors(recipe, tensors)
     _patch_config_json(recipe, out_dir / "config.json")
@@ -179,7 +174,7 @@ def _check_recipe(recipe: Recipe) -> None:
 def _wrap_k25(recipe: Recipe, text_tensors: dict, out_dir: Path) -> dict:
     text_config = json.loads((out_dir / "config.json").read_text())
     hidden = int(text_config["hidden_size"])
-    vision = {name: _init_tensor(name, shape) for name, shape in k25.vision_layout(hidden).items()}
+    vision = {name: init_tensor(name, shape) for name, shape in k25.vision_layout(hidden).items()}
     k25.write_wrapper_files(out_dir, text_config, text_config.pop("quantization_config", None))
     return k25.wrap_tensors(text_tensors, vision)
 
@@ -243,41 +238,6 @@ def _quiet_progress_bars() -> Iterator[None]:
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
-
-
-def _rng(name: str):
-    import numpy as np
-
-    # One stream per tensor name: values do not depend on creation order, and numpy's generator is bit-stable
-    # across platforms (torch's vectorised normal_ is not guaranteed to be).
-    digest = hashlib.sha256(f"{SEED}:{name}".encode()).digest()
-    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
-
-
-def _init_std(name: str, shape: tuple[int, ...]) -> float:
-    """Unit-variance embeddings and fan-in scaled projections: each layer then moves the residual stream by a
-    visible amount (cosine to the previous boundary 0.66-0.93) while its RMS grows only ~1 -> 3.7 over 8 layers."""
-    if name.endswith("embed_tokens.weight"):
-        return 1.0
-    std = 1.0 / math.sqrt(shape[1])
-    if name == "lm_head.weight":
-        std *= LOGIT_SCALE
-    return std
-
-
-def _init_tensor(name: str, shape: tuple[int, ...]):
-    import numpy as np
-    import torch
-
-    rng = _rng(name)
-    if name.endswith("e_score_correction_bias"):
-        # Non-zero so noaux_tc's bias really changes expert choice; fp32 as in DeepSeek-V3/Kimi checkpoints.
-        return torch.from_numpy(rng.normal(0.0, 0.1, shape).astype(np.float32))
-    if len(shape) == 1:  # RMSNorm weights: near 1, not exactly, so a norm loaded wrong shows up in outputs
-        values = 1.0 + 0.1 * rng.standard_normal(shape)
-    else:
-        values = rng.standard_normal(shape) * _init_std(name, shape)
-    return torch.from_numpy(values.astype(np.float32)).to(torch.bfloat16)
 
 
 def _kimi_tensors(recipe: Recipe, tensors: dict) -> dict:

@@ -77,8 +77,9 @@ RECIPES: dict[str, Recipe] = {
     )
 }
 
-_DIGESTED_MODULES = ("tiny.py", "build.py", "int4.py", "tokenizer.py", "k25.py", "remote/configuration_kimi_k25.py",
-                     "kimi_tokenizer.py", "tokenization_kimi.py", "kimi_chat_template.jinja")
+_DIGESTED_MODULES = ("tiny.py", "build.py", "weights.py", "int4.py", "tokenizer.py", "k25.py",
+                     "remote/configuration_kimi_k25.py", "kimi_tokenizer.py", "tokenization_kimi.py",
+                     "kimi_chat_template.jinja")
 _DIGESTED_LIBS = ("torch", "transformers", "compressed-tensors", "safetensors", "tokenizers", "numpy")
 
 
