@@ -31,11 +31,6 @@ def is_temp_of(name: str, final: str) -> bool:
     return name.startswith(f".{final}.") and name.endswith(TEMP_SUFFIX)
 
 
-def is_temp(name: str) -> bool:
-    """True for any atomic write's temp file."""
-    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
-
-
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """Every name a kind of directory owns at its root.
