@@ -16,7 +16,9 @@ from typing import Any, Iterable
 
 from pipeline.core.contracts import EngineInfo
 from pipeline.core.io import sha256_file, sha256_json
+from pipeline.core.outdir import read_record
 from pipeline.data.remote_code import remote_code_record
+from pipeline.models.built import CONVERSION
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point
 
@@ -56,6 +58,8 @@ def model_digests(info: ModelInfo, chat_template: str | None, trust_remote_code:
         "chat_template_sha256": hashlib.sha256(chat_template.encode()).hexdigest() if chat_template else None,
         # model.trust_remote_code and the checkpoint's own .py files that it let run (tokenizer, config)
         "remote_code": remote_code_record(info.path, trust_remote_code),
+        # a model the factory converted from a registry package (model=smollm2): the package, file digests and converters
+        "conversion": read_record(info.path / CONVERSION),
     }
 
 

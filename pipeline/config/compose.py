@@ -33,11 +33,13 @@ def _tiny_model_dir(name: str) -> str:
 
 def register_configs() -> None:
     """Schemas + resolvers: `${pipeline_data:...}` (files shipped in the package, e.g. the bundled data) and
-    `${tiny_model:NAME}` (where the tiny local models are built: $PIPELINE_MODELS_DIR or <repo>/.cache/models)."""
+    `${tiny_model:NAME}` or `${built_model:NAME}` (where the factory builds the local models, tiny and converted:
+    $PIPELINE_MODELS_DIR or <repo>/.cache/models)."""
     for config_name, schema in JOBS.items():
         ConfigStore.instance().store(name=_NODES[config_name], node=schema)
     OmegaConf.register_new_resolver("pipeline_data", _package_data, replace=True)
     OmegaConf.register_new_resolver("tiny_model", _tiny_model_dir, replace=True)
+    OmegaConf.register_new_resolver("built_model", _tiny_model_dir, replace=True)  # the real converted models
 
 
 def config_groups() -> list[str]:

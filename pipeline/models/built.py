@@ -10,6 +10,7 @@ from pathlib import Path
 
 MODELS_DIR_ENV = "PIPELINE_MODELS_DIR"
 MARKER = ".built.json"  # written last by the factory: the directory is complete once it exists
+CONVERSION = "conversion.json"  # in a model converted from a registry package: its source and converters
 
 
 def models_root() -> Path:
