@@ -1,6 +1,7 @@
 """Judging one comparison: thresholds per dtype, the first divergent point, its likely locus, and routing flips.
 
-Points are walked in canonical order (b0 .. bN, final_norm). The first point over the dtype's thresholds is the onset.
+Points are walked in canonical order (b0 .. bN, final_norm). The first point over the dtype's thresholds (rel_l2 grows
+with the number of decoder layers before the point, `rel_l2_per_layer`) is the onset.
 Its locus comes from where it sits and what the data shows there:
 - b0: the embedding;
 - final_norm while bN agrees: the final norm;
@@ -14,7 +15,7 @@ thresholds fails.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from pipeline.compare.kinds import PointVerdict, Status
@@ -59,6 +60,13 @@ class Verdict:
 
 def _boundary(label: str, num_layers: int) -> int:
     return num_layers if label == FINAL_NORM else int(label[1:])
+
+
+def at_depth(t: Thresholds, label: str, num_layers: int) -> Thresholds:
+    """The limits at one point: rel_l2 plus the per-layer term for each decoder layer before it."""
+    if not t.rel_l2_per_layer:
+        return t
+    return replace(t, rel_l2=t.rel_l2 + t.rel_l2_per_layer * _boundary(label, num_layers), rel_l2_per_layer=0.0)
 
 
 def over_reasons(s: PointStats, t: Thresholds) -> list[str]:
@@ -116,7 +124,8 @@ def judge_points(stats: Mapping[str, PointStats], labels: Sequence[str], *, name
                  flip_cfg: RoutingFlipConfig, moe: set[int], num_layers: int) -> Verdict:
     """Walk the points in canonical order; the first one over the thresholds decides."""
     v = Verdict(dtype=dtype)
-    onset = next((i for i, label in enumerate(labels) if over_reasons(stats[label], t)), None)
+    limits = {label: at_depth(t, label, num_layers) for label in labels}
+    onset = next((i for i, label in enumerate(labels) if over_reasons(stats[label], limits[label])), None)
     for i, label in enumerate(labels):
         v.point_status[label] = PointVerdict.OK if onset is None or i < onset else PointVerdict.DOWNSTREAM
     if onset is None:
@@ -126,6 +135,7 @@ def judge_points(stats: Mapping[str, PointStats], labels: Sequence[str], *, name
     label, s = labels[onset], stats[labels[onset]]
     v.onset, v.last_within = label, labels[onset - 1] if onset > 0 else None
     moe_before = any(k <= _boundary(label, num_layers) for k in moe) and bool(_span(labels, onset, num_layers))
+    t = limits[label]
     v.routing_flips = _flip_like(s, t, flip_cfg, moe_before)
     v.locus = _locus(labels, onset, stats, t, v.routing_flips, flip_cfg, moe, num_layers)
     v.point_status[label] = PointVerdict.FLIPS if v.routing_flips else PointVerdict.OVER

@@ -135,6 +135,9 @@ class Thresholds:
     """Tolerances for one compute dtype (a pair is judged by its less precise engine's dtype)."""
 
     rel_l2: float  # per point: aggregate relative L2 and the 90th percentile of per-token relative L2, at most
+    # added to rel_l2 per decoder layer before the point (bk: k layers; final_norm: all of them): rounding noise
+    # accumulates with depth, so a deep point of a trained model sits above a shallow one's noise
+    rel_l2_per_layer: float = 0.0
     cosine: float  # per point: mean per-token cosine similarity, at least
     top1: float  # logits: top-1 agreement, at least
     kl: float  # logits: mean KL(reference || engine) in nats, at most
@@ -142,13 +145,17 @@ class Thresholds:
 
 
 def _default_thresholds() -> dict[str, Thresholds]:
-    # Each dtype's limits sit above what its rounding alone gives, HF against HF float32 on the tiny models
-    # (bench/README.md#figures-measured-outside-the-bench-scripts). On MoE models bf16 rounding also flips expert
-    # choices; that divergence is judged by `routing_flips`, not by these limits.
+    # Each dtype's limits sit above what its rounding alone gives. bfloat16's depth term comes from the trained model
+    # (README, "The real model"): HF bf16 against HF float32 on SmolLM2, the p90 of per-token relative L2 grows from
+    # 6e-3 at b1 to 2.4e-2 at b29 and 3.5e-2 after the last layer (limit there: 1.5e-2 + 30 x 1e-3 = 4.5e-2), while a
+    # one-layer shift is >= 0.23 per token at every depth; a flat 1.5e-2, set on the tiny random models
+    # (bench/README.md#figures-measured-outside-the-bench-scripts), stopped the trained model's run for plain bf16
+    # noise from b15 on. float16 has no depth term: no trained-model evidence for it yet. On MoE models bf16 rounding
+    # also flips expert choices; that divergence is judged by `routing_flips`, not by these limits.
     return {
         "float32": Thresholds(rel_l2=1e-4, cosine=0.99999, top1=0.999, kl=1e-4),
         "float16": Thresholds(rel_l2=5e-3, cosine=0.9999, top1=0.98, kl=2e-3),
-        "bfloat16": Thresholds(rel_l2=1.5e-2, cosine=0.999, top1=0.95, kl=1e-2),
+        "bfloat16": Thresholds(rel_l2=1.5e-2, rel_l2_per_layer=1e-3, cosine=0.999, top1=0.95, kl=1e-2),
     }
 
 
@@ -204,6 +211,8 @@ class DiffConfig:
             _require(dtype in COMPUTE_DTYPES, "diff.thresholds", dtype,
                      f"keys are compute dtypes: {list(COMPUTE_DTYPES)}")
             _require(t.rel_l2 >= 0, f"diff.thresholds.{dtype}.rel_l2", t.rel_l2, "must be >= 0")
+            _require(t.rel_l2_per_layer >= 0, f"diff.thresholds.{dtype}.rel_l2_per_layer", t.rel_l2_per_layer,
+                     "must be >= 0")
             _require(0 <= t.top1 <= 1, f"diff.thresholds.{dtype}.top1", t.top1, "must be within [0, 1]")
             _require(-1 <= t.cosine <= 1, f"diff.thresholds.{dtype}.cosine", t.cosine, "must be within [-1, 1]")
             _require(t.kl >= 0, f"diff.thresholds.{dtype}.kl", t.kl, "must be >= 0")

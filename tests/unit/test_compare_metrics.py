@@ -136,6 +136,23 @@ def test_judge_localises_real_divergence():
     assert dense.status == "fail" and not dense.routing_flips  # no MoE layer: a tail cannot be a routing flip
 
 
+def test_bf16_limits_grow_with_the_layers_before_the_point():
+    """SmolLM2's measured bf16 noise (p90 per token 6e-3 at b1, 3.5e-2 after its 30th layer) passes; the same 3.5e-2
+    two layers in does not (README, "The real model")."""
+    def deep(values):
+        return judge_points(_stats(values), list(values), name="x", dtype="bfloat16", t=T_BF16,
+                            flip_cfg=RoutingFlipConfig(), moe=set(), num_layers=30)
+
+    assert T_BF16.rel_l2_per_layer > 0
+    trained = deep({"b1": (4e-3, 6e-3, 5e-3, 1e-2), "b15": (1.1e-2, 1.5e-2, 3e-3, 6e-2),
+                    "b29": (1.3e-2, 2.4e-2, 3e-3, 4e-2), "b30": (1.8e-2, 3.5e-2, 3e-3, 6e-2),
+                    "final_norm": (1.7e-2, 3.1e-2, 3e-3, 6e-2)})
+    assert trained.status == "pass", trained.failures
+    shallow = deep({"b1": (4e-3, 6e-3, 5e-3, 1e-2), "b2": (2e-2, 3.5e-2, 2e-2, 6e-2)})
+    assert shallow.status == "fail" and shallow.onset == "b2"
+    assert "> 0.017" in shallow.failures[0]  # the limit at b2: 1.5e-2 + 2 x 1e-3
+
+
 def test_pair_dtype_is_the_less_precise():
     assert pair_dtype("float32", "bfloat16") == "bfloat16"
     assert pair_dtype("float16", "float32") == "float16"
