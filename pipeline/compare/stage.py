@@ -18,6 +18,7 @@ from pipeline.compare.preflight import Lineup, preflight
 from pipeline.compare.probe import probe_engine, probe_samples
 from pipeline.compare.report import write_report
 from pipeline.config import ConfigError, DiffJobConfig, ProbeConfig, to_config
+from pipeline.config.checks import check_points_named
 from pipeline.core.contracts import PreparedSample
 from pipeline.data.mask import MaskOptions
 from pipeline.data.prepare import prepare
@@ -41,6 +42,7 @@ def diff_points(cfg: DiffJobConfig, model: ModelInfo) -> list[Point]:
     if value == "all":
         return all_points(model.num_layers)
     values, field_name = (cfg.capture.points, "capture.points") if value == "capture" else (value, "diff.points")
+    check_points_named(list(values), field_name, model)
     try:
         return resolve(list(values), convention=cfg.capture.convention, family=model.family,
                        num_layers=model.num_layers)
