@@ -104,14 +104,22 @@ def skipped_code_line(model_dir: Path, trust_remote_code: bool) -> str | None:
 
 
 def _with_relative_imports(model_dir: Path, files: list[str]) -> list[str]:
-    from transformers.dynamic_module_utils import get_relative_import_files
+    """`files` and every file they import relatively, read as transformers reads them (its regex, nothing run); one
+    that is absent or unreadable is named and not followed (its digest then says None, or fails where it is read)."""
+    from transformers.dynamic_module_utils import get_relative_imports
 
-    names = set()
-    for name in files:
-        path = model_dir / name
+    names: set[str] = set()
+    todo = list(files)
+    while todo:
+        name = todo.pop()
+        if name in names:
+            continue
         names.add(name)
-        if path.is_file():
-            names.update(Path(p).name for p in get_relative_import_files(str(path)))
+        path = model_dir / name
+        try:
+            todo += [f"{module}.py" for module in get_relative_imports(str(path))] if path.is_file() else []
+        except (OSError, UnicodeDecodeError):
+            continue
     return sorted(names)
 
 
@@ -147,7 +155,7 @@ def load_tokenizer(model_dir: str | Path, trust_remote_code: bool) -> Any:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=bool(trust_remote_code))
     except (ValueError, OSError, TypeError, AttributeError) as e:
         declared = "tokenizer_config.json" in auto_map_modules(model_dir)
-        if trust_remote_code or not declared:
+        if trust_remote_code or not declared or getattr(e, "errno", None) is not None:  # an I/O error stays one
             raise
         first = (str(e).strip().splitlines() or [""])[0]
         raise RemoteCodeError(f"model.path={str(model_dir)!r}: its tokenizer declares its own code "

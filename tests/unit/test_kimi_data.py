@@ -215,3 +215,21 @@ def test_a_config_class_transformers_lacks_needs_the_setting_too(tmp_path):
     with pytest.raises(RemoteCodeError, match=r"config\.json auto_map -> configuration_x\.py\); set model\.trust_rem"):
         check_remote_code(tmp_path, trust_remote_code=False)
     check_remote_code(tmp_path, trust_remote_code=True)
+
+
+def test_declared_files_not_run_are_recorded_even_when_they_import_what_is_absent(tmp_path):
+    """With the setting off the declared files are only read (transformers' own import regex), never run: a module
+    importing a file that is not there, or one that is not UTF-8, is still listed with its digest (None: absent)."""
+    from pipeline.core.io import sha256_file
+    from pipeline.data.remote_code import remote_code_record
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "auto_map": {
+        "AutoConfig": "configuration_x.XConfig", "AutoModelForCausalLM": "modeling_x.XForCausalLM"}}))
+    (tmp_path / "configuration_x.py").write_text("from .helpers_x import Y\nraise SystemExit('ran')\n")
+    (tmp_path / "modeling_x.py").write_bytes(b"\xff\xfe not utf-8")
+    record = remote_code_record(tmp_path, trust_remote_code=False)
+    assert record == {"trust_remote_code": False, "files_sha256": {},
+                      "declared": {"config.json": ["configuration_x.py", "modeling_x.py"]},
+                      "not_run_sha256": {"configuration_x.py": sha256_file(tmp_path / "configuration_x.py"),
+                                         "helpers_x.py": None,
+                                         "modeling_x.py": sha256_file(tmp_path / "modeling_x.py")}}
