@@ -30,7 +30,8 @@ _BODIES = {
     "tokenization_marker.py": "from transformers import PreTrainedTokenizerFast\n\n\n"
                               "class MarkerTokenizer(PreTrainedTokenizerFast):\n    pass\n",
     "configuration_marker.py": "from transformers import LlamaConfig\n\n\nclass MarkerConfig(LlamaConfig):\n    pass\n",
-    "modeling_marker.py": "from transformers import LlamaForCausalLM\n\nfrom .configuration_marker import MarkerConfig\n\n\n"
+    "modeling_marker.py": "from transformers import LlamaForCausalLM\n\n"
+                          "from .configuration_marker import MarkerConfig\n\n\n"
                           "class MarkerForCausalLM(LlamaForCausalLM):\n    config_class = MarkerConfig\n",
 }
 
