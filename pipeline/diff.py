@@ -21,7 +21,8 @@ from rich.console import Console
 
 from pipeline.compare.stage import run_diff
 from pipeline.compare.tables import verdict_table
-from pipeline.config import CONF_DIR, ConfigError, exit_on_bad_overrides, register_configs
+from pipeline.config import (CONF_DIR, ConfigError, check_model_group, exit_on_bad_overrides,
+                             model_group_overrides, register_configs)
 from pipeline.core.cli import ExitCode, os_error_text, run_command
 from pipeline.factory import build_step
 
@@ -32,6 +33,7 @@ log = logging.getLogger("pipeline.diff")
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="diff")
 def diff(cfg: DictConfig) -> None:
     try:
+        check_model_group(cfg, "diff")  # a tiny model's settings never apply to a user's checkpoint
         build_step(cfg)  # the tiny model a recipe names, built when missing: the job's first step
         outcome = run_diff(cfg)
     except ConfigError as e:
@@ -52,6 +54,7 @@ def diff(cfg: DictConfig) -> None:
 def main() -> int:
     """`python -m pipeline.diff` and the console script `pipeline-diff`: overrides from sys.argv."""
     exit_on_bad_overrides(sys.argv[1:], config_name="diff")
+    sys.argv[1:] = model_group_overrides(sys.argv[1:], config_name="diff")  # model.path without a model group
     return run_command(diff)
 
 

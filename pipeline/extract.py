@@ -7,7 +7,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from pipeline.config import CONF_DIR, ConfigError, exit_on_bad_overrides, register_configs
+from pipeline.config import (CONF_DIR, ConfigError, check_model_group, exit_on_bad_overrides,
+                             model_group_overrides, register_configs)
 from pipeline.core.claim import ClaimLost, DirBusy
 from pipeline.core.cli import ExitCode, os_error_text, run_command
 from pipeline.engines.base import EngineStartError
@@ -27,6 +28,7 @@ def os_error_line(e: OSError) -> str:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def extract(cfg: DictConfig) -> None:
     try:
+        check_model_group(cfg)  # a tiny model's settings never apply to a user's checkpoint
         build_step(cfg)  # the tiny model a recipe names, built when missing: the job's first step
         summary = run_extract(cfg)
     except ConfigError as e:
@@ -69,6 +71,7 @@ def extract(cfg: DictConfig) -> None:
 def main() -> int:
     """`python -m pipeline.extract` and the console script `pipeline-extract`: overrides from sys.argv."""
     exit_on_bad_overrides(sys.argv[1:])
+    sys.argv[1:] = model_group_overrides(sys.argv[1:])  # model.path without a model group: model=local
     return run_command(extract)
 
 

@@ -56,7 +56,8 @@ def model_digests(info: ModelInfo, chat_template: str | None, trust_remote_code:
         "weights": weights_digest(info.path),
         "tokenizer_sha256": _digest_of(info.path / n for n in _TOKENIZER_FILES),
         "chat_template_sha256": hashlib.sha256(chat_template.encode()).hexdigest() if chat_template else None,
-        # model.trust_remote_code and the checkpoint's own .py files that it let run (tokenizer, config)
+        # model.trust_remote_code, the checkpoint's own .py files that it let run (tokenizer, config) and those the
+        # checkpoint declares that it kept from running
         "remote_code": remote_code_record(info.path, trust_remote_code),
         # a model the factory converted from a registry package (model=smollm2): the package, file digests and converters
         "conversion": read_record(info.path / CONVERSION),
@@ -146,7 +147,11 @@ def digest(provenance: dict[str, Any]) -> str:
 def _compact_remote_code(record: dict[str, Any] | None) -> dict[str, Any]:
     if record is None:  # a manifest from before model.trust_remote_code existed
         return {}
-    return {"trust_remote_code": record["trust_remote_code"], "remote_code_sha256": sha256_json(record["files_sha256"])}
+    short = {"trust_remote_code": record["trust_remote_code"],
+             "remote_code_sha256": sha256_json(record["files_sha256"])}
+    if record.get("not_run_sha256"):  # declared by the checkpoint, kept from running by the setting
+        short["remote_code_not_run_sha256"] = sha256_json(record["not_run_sha256"])
+    return short
 
 
 def compact(provenance: dict[str, Any]) -> dict[str, str]:

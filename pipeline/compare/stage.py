@@ -18,10 +18,11 @@ from pipeline.compare.preflight import Lineup, preflight
 from pipeline.compare.probe import probe_engine, probe_samples
 from pipeline.compare.report import write_report
 from pipeline.config import ConfigError, DiffJobConfig, ProbeConfig, to_config
+from pipeline.config.checks import check_points_named
 from pipeline.core.contracts import PreparedSample
 from pipeline.data.mask import MaskOptions
 from pipeline.data.prepare import prepare
-from pipeline.data.remote_code import load_tokenizer
+from pipeline.data.remote_code import RemoteCodeError, load_tokenizer
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point, PointError, resolve
 
@@ -41,6 +42,7 @@ def diff_points(cfg: DiffJobConfig, model: ModelInfo) -> list[Point]:
     if value == "all":
         return all_points(model.num_layers)
     values, field_name = (cfg.capture.points, "capture.points") if value == "capture" else (value, "diff.points")
+    check_points_named(list(values), field_name, model)
     try:
         return resolve(list(values), convention=cfg.capture.convention, family=model.family,
                        num_layers=model.num_layers)
@@ -49,7 +51,10 @@ def diff_points(cfg: DiffJobConfig, model: ModelInfo) -> list[Point]:
 
 
 def probe_data(cfg: DiffJobConfig, model: ModelInfo, probe: ProbeConfig) -> list[PreparedSample]:
-    tokenizer = load_tokenizer(model.path, cfg.model.trust_remote_code)
+    try:
+        tokenizer = load_tokenizer(model.path, cfg.model.trust_remote_code)
+    except RemoteCodeError as e:  # declared code the setting keeps from running, and no built-in class reads it
+        raise ConfigError(str(e)) from e
     data = prepare(cfg.data.path, tokenizer, max_length=cfg.data.max_length, length_policy=cfg.data.length_policy,
                    limit=probe.num_samples, mask=MaskOptions.of(cfg.data))
     return probe_samples(data.samples, probe)

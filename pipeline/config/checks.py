@@ -31,6 +31,18 @@ def resolve_model(model: ModelConfig) -> ModelInfo:
     return info
 
 
+def check_points_named(values: list, field_name: str, info: ModelInfo) -> None:
+    """ConfigError when no capture point is named (`model=local`, and `model.path` without a model group, name none):
+    the message says how to name them for this checkpoint's layer count."""
+    if values:
+        return
+    n = info.num_layers
+    example = ",".join(["embed", *(str(b) for b in sorted({2, n // 2, n - 3}) if 0 < b < n), "final_norm"])
+    raise ConfigError(f"{field_name}=[]: no capture points are named for model.path={str(info.path)!r} (your own "
+                      f"checkpoint inherits none): name them, e.g. model.points=[{example}] (boundary k = the residual "
+                      f"stream after k of its {n} decoder layers, 0..{n}; embed = 0; final_norm = the LM head's input)")
+
+
 def check_data_path(data: DataConfig) -> None:
     try:
         check_readable(data.path)

@@ -19,12 +19,22 @@ def models_root() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[2] / ".cache" / "models"
 
 
+def not_the_recipe_dir(recipe: str, path: str, group: str | None = None) -> str:
+    """Why `path` cannot be the built model `recipe` (of model group `group`), and what to write instead."""
+    which = f"model={group} is the tiny model" if group else "model.build names the tiny model"
+    return (f"model.path={path!r} is not named after its recipe {recipe!r}: {which} {recipe!r}, which the job builds "
+            f"into a directory named after its recipe, with that model's capture points and settings. For your own "
+            f"checkpoint write model=local model.path={path} model.points=[...] (nothing is inherited: "
+            f"model.trust_remote_code stays off unless you set it); to build {recipe!r} there, give "
+            f"model.path=<a directory>/{recipe}")
+
+
 def built_model_dir(recipe: str, path: str | None) -> Path:
     """The directory of built model `recipe`: `path` when given (it must be named after the recipe), else under
     models_root(). ValueError says what is wrong; nothing is built here."""
     where = Path(path) if path else models_root() / recipe
     if where.name != recipe:
-        raise ValueError(f"model.path={path!r}: a built model lives in a directory named after its recipe {recipe!r}")
+        raise ValueError(not_the_recipe_dir(recipe, str(path)))
     if not (where / MARKER).is_file():
         raise ValueError(f"model.path={str(where)!r}: the model {recipe!r} is not built there; the entry points build "
                          f"it before the run (or: python -m pipeline.factory --root {where.parent} {recipe})")

@@ -15,7 +15,7 @@ from pipeline.config import ConfigError, resolved_dict, to_config
 from pipeline.core.cli import UsageError
 from pipeline.data.mask import MaskOptions
 from pipeline.data.prepare import PreparedData, prepare, write_rejects
-from pipeline.data.remote_code import load_tokenizer
+from pipeline.data.remote_code import RemoteCodeError, load_tokenizer
 from pipeline.run.capture import StageSettings, UnitResult
 from pipeline.run.executor import Executor
 from pipeline.run.gate import DiffGate, GateOutcome
@@ -52,7 +52,10 @@ class RunSummary:
 
 
 def _prepare(run: ResolvedRun) -> tuple[PreparedData, str | None]:
-    tokenizer = load_tokenizer(run.model.path, run.cfg.model.trust_remote_code)
+    try:
+        tokenizer = load_tokenizer(run.model.path, run.cfg.model.trust_remote_code)
+    except RemoteCodeError as e:  # declared code the setting keeps from running, and no built-in class reads it
+        raise ConfigError(str(e)) from e
     data = run.cfg.data
     try:
         prepared = prepare(run.data_path, tokenizer, max_length=data.max_length, length_policy=data.length_policy,
@@ -69,7 +72,7 @@ def _run_record(run: ResolvedRun, config: dict[str, Any], prepared: PreparedData
     """What must not change between an interrupted run and its resumption."""
     return {"config": provenance.stable_config(config), "data_digest": prepared.source_digest,
             "model_config_sha256": digests["config_sha256"], "weights_sha256": digests["weights"]["sha256"],
-            "code": provenance.code_version()}
+            "remote_code": digests["remote_code"], "code": provenance.code_version()}
 
 
 def _executor(run: ResolvedRun) -> Executor:

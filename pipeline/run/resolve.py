@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pipeline.compare.preflight import Lineup, preflight
 from pipeline.config import ConfigError, ExtractConfig
+from pipeline.config.checks import check_points_named
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point, PointError, resolve
 
@@ -29,6 +30,7 @@ def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
     checked = preflight(model=cfg.model, data=cfg.data, out_dir=cfg.out_dir, lineup=lineup, run=True,
                         overwrite=cfg.overwrite)
     model = checked.model
+    check_points_named(list(cfg.capture.points), "capture.points", model)
     try:
         points = resolve(cfg.capture.points, convention=cfg.capture.convention, family=model.family,
                          num_layers=model.num_layers)

@@ -99,3 +99,50 @@ def test_resume_record_ignores_scheduling_but_not_what_shapes_the_shards():
     assert stable == {"runner": {"max_tokens_per_shard": 4096, "storage_dtype": None},
                       "engine": {"name": "hf", "batch_size": 8}}
     assert config["runner"]["name"] == "ray"  # the caller's config is left as it was
+
+
+# --- whose settings a model gets (pipeline/config/model_group.py) -------------------------------------------------
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["model.path=/my/ckpt"], ["model.path=/my/ckpt", "model=local"]),  # a user's checkpoint, no group chosen
+    (["model.path=/my/ckpt", "model.build=null"], ["model.path=/my/ckpt", "model.build=null", "model=local"]),
+    (["model.path=/my/ckpt", "hydra.run.dir=x"], ["model.path=/my/ckpt", "hydra.run.dir=x", "model=local"]),
+    ([], []),  # the embedded default keeps its recipe, points and trust
+    (["model.path=/data/tiny-k25-int4-8l"], ["model.path=/data/tiny-k25-int4-8l"]),  # the recipe, another root
+    (["model=kimi_k25", "model.path=/models/Kimi-K2.5"], ["model=kimi_k25", "model.path=/models/Kimi-K2.5"]),
+    (["+exp=kimi", "model.path=/models/Kimi-K2.5"], ["+exp=kimi", "model.path=/models/Kimi-K2.5"]),
+    (["model=local", "model.path=/my/ckpt"], ["model=local", "model.path=/my/ckpt"]),
+    (["model=tiny_llama", "model.path=/my/ckpt"], ["model=tiny_llama", "model.path=/my/ckpt"]),  # refused in the job
+    (["-m", "model.path=/my/ckpt"], ["-m", "model.path=/my/ckpt"]),  # Hydra's flags: refused in the job
+])
+def test_model_path_without_a_model_group_is_model_local(models_root, overrides, expected):
+    from pipeline.config import model_group_overrides
+
+    assert model_group_overrides(overrides) == expected
+    assert model_group_overrides(overrides, config_name="diff") == expected
+
+
+def test_model_local_inherits_nothing_and_the_tiny_groups_keep_their_settings(compose_cfg):
+    local = to_config(compose_cfg("model=local", "model.path=/my/ckpt")).model
+    assert (local.name, local.build, local.points, local.trust_remote_code) == ("local", None, [], False)
+    default = to_config(compose_cfg()).model
+    assert (default.build, default.trust_remote_code) == ("tiny-k25-int4-8l", True)
+    with pytest.raises(ValueError, match=r"model\.path=None: a model checkpoint directory is required"):
+        to_config(compose_cfg("model=local"))
+
+
+def test_a_tiny_group_for_another_path_is_refused_saying_what_to_write():
+    from pipeline.config.model_group import ModelChoice, decide
+
+    chosen = ModelChoice(choice="tiny_llama", default="tiny_k25_int4_8l", build="tiny-llama", path="/my/ckpt")
+    with pytest.raises(ConfigError) as e:
+        decide(["model=tiny_llama", "model.path=/my/ckpt"], chosen)
+    assert str(e.value) == (
+        "model.path='/my/ckpt' is not named after its recipe 'tiny-llama': model=tiny_llama is the tiny model "
+        "'tiny-llama', which the job builds into a directory named after its recipe, with that model's capture points "
+        "and settings. For your own checkpoint write model=local model.path=/my/ckpt model.points=[...] (nothing is "
+        "inherited: model.trust_remote_code stays off unless you set it); to build 'tiny-llama' there, give "
+        "model.path=<a directory>/tiny-llama")
+    assert decide(["model=tiny_llama", "model.path=/data/tiny-llama"],
+                  ModelChoice(choice="tiny_llama", default="tiny_k25_int4_8l", build="tiny-llama",
+                              path="/data/tiny-llama")) == "keep"

@@ -188,10 +188,12 @@ def test_provenance_records_the_setting_and_every_remote_code_file(kimi_checkpoi
 
     trusted = provenance.model_digests(info, "template", trust_remote_code=True)["remote_code"]
     names = ("configuration_tiny.py", "tiny_helpers.py", "tokenization_kimi.py")  # auto_map's, and what they import
-    assert trusted == {"trust_remote_code": True,
-                       "files_sha256": {name: sha256_file(kimi_checkpoint / name) for name in names}}
-    assert provenance.model_digests(info, "template")["remote_code"] == {"trust_remote_code": False,
-                                                                         "files_sha256": {}}
+    files = {name: sha256_file(kimi_checkpoint / name) for name in names}
+    declared = {"config.json": ["configuration_tiny.py"], "tokenizer_config.json": ["tokenization_kimi.py"]}
+    assert trusted == {"trust_remote_code": True, "files_sha256": files, "declared": declared, "not_run_sha256": {}}
+    # With the setting off none of it runs, and the record says which declared files did not.
+    assert provenance.model_digests(info, "template")["remote_code"] == {
+        "trust_remote_code": False, "files_sha256": {}, "declared": declared, "not_run_sha256": files}
     prov = {"engine": {k: None for k in ("framework", "framework_version", "dtype", "quantization",
                                          "attention_backend", "parallel")},
             "capture": {"points": [], "sources": []}, "code": {}, "diff": None, "config": {},
@@ -199,6 +201,10 @@ def test_provenance_records_the_setting_and_every_remote_code_file(kimi_checkpoi
                       **provenance.model_digests(info, "template", trust_remote_code=True)}}
     compact_model = json.loads(provenance.compact(prov)["model"])
     assert compact_model["trust_remote_code"] is True and len(compact_model["remote_code_sha256"]) == 64
+    assert "remote_code_not_run_sha256" not in compact_model
+    prov["model"].update(provenance.model_digests(info, "template"))
+    compact_off = json.loads(provenance.compact(prov)["model"])
+    assert compact_off["trust_remote_code"] is False and len(compact_off["remote_code_not_run_sha256"]) == 64
 
 
 def test_a_config_class_transformers_lacks_needs_the_setting_too(tmp_path):
@@ -209,3 +215,21 @@ def test_a_config_class_transformers_lacks_needs_the_setting_too(tmp_path):
     with pytest.raises(RemoteCodeError, match=r"config\.json auto_map -> configuration_x\.py\); set model\.trust_rem"):
         check_remote_code(tmp_path, trust_remote_code=False)
     check_remote_code(tmp_path, trust_remote_code=True)
+
+
+def test_declared_files_not_run_are_recorded_even_when_they_import_what_is_absent(tmp_path):
+    """With the setting off the declared files are only read (transformers' own import regex), never run: a module
+    importing a file that is not there, or one that is not UTF-8, is still listed with its digest (None: absent)."""
+    from pipeline.core.io import sha256_file
+    from pipeline.data.remote_code import remote_code_record
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "auto_map": {
+        "AutoConfig": "configuration_x.XConfig", "AutoModelForCausalLM": "modeling_x.XForCausalLM"}}))
+    (tmp_path / "configuration_x.py").write_text("from .helpers_x import Y\nraise SystemExit('ran')\n")
+    (tmp_path / "modeling_x.py").write_bytes(b"\xff\xfe not utf-8")
+    record = remote_code_record(tmp_path, trust_remote_code=False)
+    assert record == {"trust_remote_code": False, "files_sha256": {},
+                      "declared": {"config.json": ["configuration_x.py", "modeling_x.py"]},
+                      "not_run_sha256": {"configuration_x.py": sha256_file(tmp_path / "configuration_x.py"),
+                                         "helpers_x.py": None,
+                                         "modeling_x.py": sha256_file(tmp_path / "modeling_x.py")}}
