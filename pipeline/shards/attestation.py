@@ -256,8 +256,8 @@ def problems(run_dir: Path, manifest: dict[str, Any], key: Ed25519PublicKey | No
     if not path.is_file():
         if recorded:
             return [f"{NAME} is missing, though the manifest records one"]
-        return [f"run has no {NAME} (written by format {manifest.get('format_version')}, before attestations): "
-                "--key can prove nothing about it"] if key is not None else []
+        return [f"run has no {NAME}: --key can prove nothing about it (runs of format 1 and 2 have none; this one "
+                f"says format {manifest.get('format_version')})"] if key is not None else []
     env, problem = _read(path)
     if problem:
         return [problem]

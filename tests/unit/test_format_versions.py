@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -74,6 +75,15 @@ def test_a_stored_run_exports(tmp_path, version, fmt, aux):
     result = export_run(_copy(version, tmp_path), tmp_path / "out", exporter_for(fmt), aux=aux)
     assert result.written == 2 and (tmp_path / "out" / "export.json").is_file()
     assert json.loads((tmp_path / "out" / "export.json").read_text())["run_attestation"] is None
+
+
+@pytest.mark.parametrize("version", STORED)
+def test_a_stored_run_has_no_attestation_a_key_could_prove(tmp_path, version):
+    """Sound without a key (its checksums hold), refused with one: nothing in a version-1 or 2 run is signed."""
+    key = Ed25519PrivateKey.generate().public_key()
+    assert verify_run(_copy(version, tmp_path), key=key) == [
+        "run has no attestation.intoto.json: --key can prove nothing about it (runs of format 1 and 2 have none; "
+        f"this one says format {version})"]
 
 
 def test_todays_runs_are_version_3_in_every_file(tmp_path):
