@@ -1,7 +1,8 @@
 """The export's provenance sidecar (`export.json`, written last) and the plan file that makes a rerun resume.
 
-`export.json` carries the run's provenance digest and its attestation's digest, the canonical point behind every slot, and what each slot is in
-SGLang's and vLLM's numbering for this model (what a draft config must say to be served the same features).
+`export.json` carries the run's provenance digest and its attestation's digest, the canonical point behind every slot,
+and what each slot is in SGLang's and vLLM's numbering for this model (what a draft config must say to be served the
+same features).
 `.export-plan.json` is written first: a rerun resumes only an export of the same run, layout and slots.
 One export writes OUT at a time (`hold`): a second one started beside it would remove the first's temp files.
 What OUT holds is the trainer's files (`Exporter.files`) plus these two (`export_layout`).

@@ -54,13 +54,14 @@ def load_signing_key(path: str | Path) -> Ed25519PrivateKey:
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except TypeError:
-        raise AttestationKeyError(f"signing key {path} is encrypted: give an unencrypted Ed25519 PEM key, kept readable by "
-                        "the job alone") from None
+        raise AttestationKeyError(f"signing key {path} is encrypted: give an unencrypted Ed25519 PEM key, kept "
+                                  "readable by the job alone") from None
     except (ValueError, UnsupportedAlgorithm) as exc:
         why = "that is a public key: give the private key that signs" if b"PUBLIC KEY" in data else str(exc)
         raise AttestationKeyError(f"signing key {path} is not a PEM private key ({why})") from None
     if not isinstance(key, Ed25519PrivateKey):
-        raise AttestationKeyError(f"signing key {path} is a {type(key).__name__.removeprefix('_')}, not an Ed25519 key")
+        raise AttestationKeyError(f"signing key {path} is of type {type(key).__name__.removeprefix('_')}, not "
+                                  "Ed25519")
     return key
 
 
@@ -73,7 +74,8 @@ def load_public_key(path: str | Path) -> Ed25519PublicKey:
         why = "that is a private key: give its public half" if b"PRIVATE KEY" in data else str(exc)
         raise AttestationKeyError(f"public key {path} is not a PEM public key ({why})") from None
     if not isinstance(key, Ed25519PublicKey):
-        raise AttestationKeyError(f"public key {path} is a {type(key).__name__.removeprefix('_')}, not an Ed25519 key")
+        raise AttestationKeyError(f"public key {path} is of type {type(key).__name__.removeprefix('_')}, not "
+                                  "Ed25519")
     return key
 
 
