@@ -97,7 +97,7 @@ def capture_convention(points: list[Point], engine: EngineInfo) -> dict[str, Any
 
 def build(*, model: ModelInfo, digests: dict[str, Any], engine: EngineInfo, points: list[Point],
           config: dict[str, Any], diff: dict[str, Any] | None,
-          loss_mask: dict[str, Any] | None = None) -> dict[str, Any]:
+          loss_mask: dict[str, Any] | None = None, data: dict[str, Any] | None = None) -> dict[str, Any]:
     engine_dict = dataclasses.asdict(engine)
     engine_dict.pop("points")
     return {
@@ -110,6 +110,8 @@ def build(*, model: ModelInfo, digests: dict[str, Any], engine: EngineInfo, poin
                   "num_layers": model.num_layers, "hidden_size": model.hidden_size,
                   "checkpoint_dtype": model.torch_dtype, "quantization_config": model.quantization, **digests},
         "config": config,
+        # the data file by content (its name and decompressed sha256: every sample id derives from it and the row)
+        "data": data,
         # how the assistant tokens were found (special_ids | generation_markers | incremental) and what counts as trained
         "loss_mask": loss_mask,
         "diff": diff,
@@ -119,9 +121,10 @@ def build(*, model: ModelInfo, digests: dict[str, Any], engine: EngineInfo, poin
 # Where a run is written and how its units are scheduled are not what produced it: an interrupted run may resume with
 # other values (e.g. on a Ray cluster after a local start, or with more retries), and its shards stay one dataset
 # (the Ray runner writes the same bytes as the local one; tests/integration/test_ray.py).
-RUN_LOCAL_CONFIG_KEYS = ("out_dir", "overwrite", "wait_for_lock", "runner.name", "runner.address", "runner.num_replicas",
-                         "runner.cpus_per_replica", "runner.gpus_per_replica", "runner.max_retries",
-                         "runner.overlap_writes")
+# Nor is the key that signs the run's attestation (a run may be signed when it finishes, whoever started it).
+RUN_LOCAL_CONFIG_KEYS = ("out_dir", "overwrite", "wait_for_lock", "sign_key", "runner.name", "runner.address",
+                         "runner.num_replicas", "runner.cpus_per_replica", "runner.gpus_per_replica",
+                         "runner.max_retries", "runner.overlap_writes")
 
 
 def stable_config(config: dict[str, Any]) -> dict[str, Any]:

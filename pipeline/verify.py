@@ -1,7 +1,10 @@
-"""`python -m pipeline.verify RUN_DIR`: check a finished run directory before training on it.
+"""`python -m pipeline.verify RUN_DIR [--key PUB]`: check a finished run directory before training on it.
+
+With --key (the signer's Ed25519 public key, PEM), the run's attestation must carry a signature by that key and every
+file must be what it attests: what is proven with and without a key is README.md's "What verify proves".
 
 Exit status (README.md, "Exit codes"): 0 sound (a summary on stdout); 3 problems found (each on its own stderr line);
-2 not a finished run (missing directory, or no manifest: an unfinished run).
+2 not a finished run (missing directory, or no manifest: an unfinished run), or a key that cannot be read.
 """
 from __future__ import annotations
 
@@ -11,14 +14,15 @@ from pathlib import Path
 from typing import Sequence
 
 from pipeline.core.cli import ExitCode, run_command
+from pipeline.shards import attestation
 from pipeline.shards.manifest import read_manifest
 from pipeline.shards.verify import verify_run
 
 
-def _summary(run_dir: Path, manifest: dict) -> str:
+def _summary(run_dir: Path, manifest: dict, key) -> str:
     return (f"sound: {run_dir}: {len(manifest['shards'])} shard(s), {manifest['num_samples']} samples, "
             f"{manifest['num_tokens']} tokens, points {manifest['points']}, hidden_size {manifest['hidden_size']}, "
-            f"dtype {manifest['dtype']}{_storage(manifest.get('storage'))}")
+            f"dtype {manifest['dtype']}{_storage(manifest.get('storage'))}; {attestation.describe(run_dir, key)}")
 
 
 def _storage(storage: dict | None) -> str:
@@ -30,15 +34,18 @@ def _storage(storage: dict | None) -> str:
 def verify(argv: Sequence[str] | None) -> ExitCode:
     parser = argparse.ArgumentParser(prog="python -m pipeline.verify", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="a run directory holding manifest.json and shards/")
+    parser.add_argument("--key", type=Path, default=None, metavar="PUB",
+                        help="the Ed25519 public key (PEM) whose private half signed the run (extract's sign_key)")
     args = parser.parse_args(argv)
+    key = None if args.key is None else attestation.load_public_key(args.key)  # AttestationKeyError: exit 2
     manifest = read_manifest(args.run_dir)  # ManifestError: not a finished run
-    problems = verify_run(args.run_dir)
+    problems = verify_run(args.run_dir, key=key)
     if problems:
         for problem in problems:
             print(problem, file=sys.stderr)
         print(f"{len(problems)} problem(s) in {args.run_dir}", file=sys.stderr)
         return ExitCode.REFUSED
-    print(_summary(args.run_dir, manifest))
+    print(_summary(args.run_dir, manifest, key))
     return ExitCode.OK
 
 

@@ -266,6 +266,8 @@ class ExtractConfig:
     out_dir: str = MISSING
     overwrite: bool = False  # replace a finished run directory (never done silently)
     wait_for_lock: bool = False  # another extract holds out_dir: wait for it to finish instead of exiting
+    # An Ed25519 private key (PEM) that signs the run's attestation (pipeline.shards.attestation); null: unsigned.
+    sign_key: Optional[str] = None
 
 
 @dataclass(kw_only=True)

@@ -5,7 +5,6 @@ ids captured here are the ids a serving engine would see for the same conversati
 """
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ import pyarrow.parquet as pq
 
 from pipeline.core.contracts import PreparedSample, Reject
 from pipeline.core.io import atomic_path
+from pipeline.data.ids import sample_id_for
 from pipeline.data.mask import ChatTokenizer, MaskOptions
 from pipeline.data.sources import (
     RawRecord,
@@ -29,7 +29,6 @@ from pipeline.data.sources import (
 
 LengthPolicy = Literal["truncate", "reject"]
 LENGTH_POLICIES = ("truncate", "reject")
-SAMPLE_ID_HEX_CHARS = 16
 REJECTS_SCHEMA = pa.schema(
     [
         ("source", pa.string()),
@@ -51,11 +50,6 @@ class PreparedData:
     loss_mask: dict[str, Any] = field(default_factory=dict)
     samples: list[PreparedSample] = field(default_factory=list)
     rejects: list[Reject] = field(default_factory=list)
-
-
-def sample_id_for(source_digest: str, row: int) -> str:
-    """Depends on the file's bytes and the row only, so a copy of the file anywhere gives the same ids."""
-    return hashlib.sha256(f"{source_digest}:{row}".encode()).hexdigest()[:SAMPLE_ID_HEX_CHARS]
 
 
 def prepare(

@@ -1,7 +1,8 @@
 """The export's provenance sidecar (`export.json`, written last) and the plan file that makes a rerun resume.
 
-`export.json` carries the run's provenance digest, the canonical point behind every slot, and what each slot is in
-SGLang's and vLLM's numbering for this model (what a draft config must say to be served the same features).
+`export.json` carries the run's provenance digest and its attestation's digest, the canonical point behind every slot,
+and what each slot is in SGLang's and vLLM's numbering for this model (what a draft config must say to be served the
+same features).
 `.export-plan.json` is written first: a rerun resumes only an export of the same run, layout and slots.
 One export writes OUT at a time (`hold`): a second one started beside it would remove the first's temp files.
 What OUT holds is the trainer's files (`Exporter.files`) plus these two (`export_layout`).
@@ -16,6 +17,7 @@ from pipeline.core.claim import DirClaim
 from pipeline.core.io import sha256_file, sha256_json
 from pipeline.core.outdir import Layout, remove, write_json
 from pipeline.exports.slots import ExportError, SlotPlan, TrainerLayout, serving_ids
+from pipeline.shards import attestation
 from pipeline.shards import layout as shard_layout
 from pipeline.shards.storage import of_manifest
 
@@ -50,6 +52,9 @@ def build(run_dir: Path, manifest: Mapping[str, Any], layout: TrainerLayout, pla
               "run_point_index": idx} for i, (p, idx) in enumerate(zip(plan.points, plan.indices))]
     return {
         "sidecar_version": SIDECAR_VERSION, **record, "plan_sha256": sha256_json(record),
+        # the run's attestation (sha256 of the file and of its statement, the keyids that signed it); None: the run
+        # has none (format 1 and 2). `python -m pipeline.verify RUN --key PUB` proves the run it names.
+        "run_attestation": attestation.record(run_dir),
         "run_dir": str(Path(run_dir).resolve()), "run_points": manifest["points"], "dtype": storage.capture_dtype,
         "hidden_size": manifest["hidden_size"], "num_samples": manifest["num_samples"],
         "num_tokens": manifest["num_tokens"], "model": {"model_type": model_type, "num_layers": num_layers},

@@ -23,8 +23,9 @@ from pipeline.run import outdir
 from pipeline.run.local import LocalExecutor
 from pipeline.run.ray import RayExecutor
 from pipeline.run.resolve import ResolvedRun, resolve_run
-from pipeline.shards.layout import FORMAT_VERSION, PREPARE_REJECTS, REJECTS_DIR
-from pipeline.shards.manifest import write_manifest
+from pipeline.shards import attestation
+from pipeline.shards.layout import ATTESTATION_NAME, FORMAT_VERSION, PREPARE_REJECTS, REJECTS_DIR
+from pipeline.shards.manifest import manifest_text, write_manifest
 from pipeline.shards.plan import plan_units
 from pipeline.shards.storage import run_record
 
@@ -110,6 +111,7 @@ def _manifest(run: ResolvedRun, prov: dict[str, Any], results: list[UnitResult],
                     "files": [PREPARE_REJECTS, f"{REJECTS_DIR}/"]},
         "provenance": prov,
         "provenance_digest": provenance.digest(prov),
+        "attestation": ATTESTATION_NAME,  # every file's sha256 and the provenance, signed with sign_key when given
     }
 
 
@@ -151,7 +153,8 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
             log.info("%s %s: %d units of at most %d tokens", plan, run.out_dir, len(units),
                      cfg.runner.max_tokens_per_shard)
             prov = provenance.build(model=run.model, digests=digests, engine=executor.info(), points=run.points,
-                                    config=config, diff=outcome.summary, loss_mask=prepared.loss_mask)
+                                    config=config, diff=outcome.summary, loss_mask=prepared.loss_mask,
+                                    data={"source": prepared.source, "sha256": prepared.source_digest})
             settings = StageSettings(points=run.points, hidden_size=run.model.hidden_size,
                                      batch_size=cfg.engine.batch_size, storage_dtype=cfg.runner.storage_dtype,
                                      overlap_writes=cfg.runner.overlap_writes, lease_token=lock.token,
@@ -159,11 +162,12 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
             capture_started = time.perf_counter()
             results = executor.run(settings, run.out_dir, units)
             capture_seconds = time.perf_counter() - capture_started
+        gate.finish()  # the gate report's HTML, rendered off the capture's critical path, before it is attested
         manifest = _manifest(run, prov, results, prepared)
-        # The directory is still this run's: only then may the manifest make it finished.
+        # The directory is still this run's: only then may the attestation and the manifest make it finished.
         outdir.check_lease(run.out_dir, lock.token)
+        attestation.write(run.out_dir, manifest, manifest_text(manifest), key=run.sign_key)
         write_manifest(run.out_dir, manifest)
-    gate.finish()  # the gate report's HTML, rendered off the capture's critical path
     return RunSummary(out_dir=run.out_dir, num_samples=manifest["num_samples"], num_tokens=manifest["num_tokens"],
                       num_shards=len(manifest["shards"]), num_rejects=manifest["rejects"]["total"],
                       points=manifest["points"], resumed_shards=sum(r.skipped for r in results),

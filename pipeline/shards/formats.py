@@ -1,20 +1,26 @@
 """Every format version a run directory may be in, read into the current one: one small reader per version.
 
-Version 2 (written now): the manifest, every shard entry and every shard's safetensors metadata carry their storage
-record, and the manifest its loss-token total. Version 1 (this project's first format): the same files, where runs
-made before storage was recorded lack those records (their states are stored as captured) and a shard entry may
-carry `num_saturated`. A reader gives the manifest in version 2's shape, so nothing downstream asks when a run was
-written; `format_version` keeps what the files say, and every shard of a run carries its manifest's version.
+Version 3 (written now): version 2, where a Parquet row's `token_digest` covers the sample's loss mask, its offset in
+the shard and its length as well as its token ids (pipeline.shards.layout.token_digest). Version 2: the manifest,
+every shard entry and every shard's safetensors metadata carry their storage record, and the manifest its loss-token
+total; `token_digest` is of the token ids alone (layout.ids_digest). Version 1 (this project's first format): the
+same files, where runs made before storage was recorded lack those records (their states are stored as captured)
+and a shard entry may carry `num_saturated`. A reader gives the manifest in version 3's shape, so nothing downstream
+asks when a run was written, except for what a version defines differently (`row_digest`); `format_version` keeps
+what the files say, and every shard of a run carries its manifest's version.
 """
 from __future__ import annotations
 
 import json
 from typing import Any, Callable
 
+import numpy as np
+
+from pipeline.shards.layout import ids_digest, token_digest
 from pipeline.shards.storage import NO_SCALING, Storage, parse
 
-CURRENT = "2"
-V2_KEYS = ("storage", "num_loss_tokens")  # what version 1 could lack
+CURRENT = "3"
+V2_KEYS = ("storage", "num_loss_tokens")  # what version 1 could lack (versions 2 and 3 require them)
 
 
 class FormatError(ValueError):
@@ -43,14 +49,24 @@ def _v1(manifest: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _v2(manifest: dict[str, Any]) -> dict[str, Any]:
-    missing = [key for key in V2_KEYS if key not in manifest]
-    if missing:
-        raise FormatError(f"format_version 2 requires {missing}")
-    return manifest
+def _requiring_storage(version: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def read(manifest: dict[str, Any]) -> dict[str, Any]:
+        missing = [key for key in V2_KEYS if key not in manifest]
+        if missing:
+            raise FormatError(f"format_version {version} requires {missing}")
+        return manifest
+    return read
 
 
-READERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"1": _v1, CURRENT: _v2}
+READERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "1": _v1, "2": _requiring_storage("2"), CURRENT: _requiring_storage(CURRENT)}
+
+
+def row_digest(version: str) -> Callable[[np.ndarray, np.ndarray, int], str]:
+    """What a Parquet row's `token_digest` is in format `version`: f(input_ids [T], loss_mask [T], offset)."""
+    if str(version) in ("1", "2"):
+        return lambda input_ids, loss_mask, offset: ids_digest(input_ids)
+    return token_digest
 
 
 def read(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -11,11 +11,12 @@ import torch
 
 from pipeline.core.outdir import Layout
 
-FORMAT_VERSION = "2"  # what the writer writes; pipeline.shards.formats reads every version
+FORMAT_VERSION = "3"  # what the writer writes; pipeline.shards.formats reads every version
 SHARDS_DIR = "shards"
 MANIFEST_NAME = "manifest.json"
 DIFF_DIR = "diff"  # the diff gate's report, written before the run starts (pipeline.run.gate)
 RUN_FILE = "run.json"  # written when a run starts; a rerun resumes only a run of the same config
+ATTESTATION_NAME = "attestation.intoto.json"  # every file's sha256 and the provenance, written just before the manifest
 LOCK_NAME = ".lock"  # the out_dir lock and its lease (pipeline.core.claim)
 PREPARE_REJECTS = "rejects.parquet"  # records rejected by data preparation
 REJECTS_DIR = "rejects"  # samples rejected at capture, one file per unit
@@ -29,7 +30,7 @@ SHARD_NAME = re.compile(_SHARD)
 # Every name a run writes; their temp files are `.<name>.<random>.tmp` beside them.
 RUN = Layout(
     kind="run",
-    files=(MANIFEST_NAME, RUN_FILE, LOCK_NAME, PREPARE_REJECTS),
+    files=(MANIFEST_NAME, RUN_FILE, LOCK_NAME, PREPARE_REJECTS, ATTESTATION_NAME),
     dirs={SHARDS_DIR: tuple(_SHARD + re.escape(s) for s in SHARD_SUFFIXES.values()),
           REJECTS_DIR: (_SHARD + r"\.parquet",),  # the capture rejects of one unit
           DIFF_DIR: tuple(map(re.escape, REPORT.files))},
@@ -108,6 +109,26 @@ def dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def token_digest(input_ids_T: np.ndarray) -> str:
-    """sha256 of the token ids as little-endian int64 bytes (independent of the array's own dtype)."""
+def ids_digest(input_ids_T: np.ndarray) -> str:
+    """Format versions 1 and 2's `token_digest`: sha256 of the token ids as little-endian int64 bytes (independent of
+    the array's own dtype). It leaves out the loss mask and where the sample lies."""
     return hashlib.sha256(np.ascontiguousarray(input_ids_T, dtype="<i8").tobytes()).hexdigest()
+
+
+_TOKEN_DIGEST_TAG = b"pipeline token_digest v3\n"
+
+
+def token_digest(input_ids_T: np.ndarray, loss_mask_T: np.ndarray, offset: int) -> str:
+    """A sample's `token_digest` (format version 3): sha256 of a tag, the sample's offset in its shard and its number
+    of tokens T (little-endian int64), its token ids (T little-endian int64) and its loss mask (T bytes, 0 or 1). It
+    covers everything a Parquet row says about the sample's tokens, so one moved loss-mask token, a changed id or a
+    row pointing at another sample's rows changes it."""
+    ids = np.ascontiguousarray(input_ids_T, dtype="<i8")
+    mask = np.ascontiguousarray(loss_mask_T, dtype=np.uint8)
+    if ids.shape != mask.shape or ids.ndim != 1:
+        raise ValueError(f"token_digest: input_ids {ids.shape} and loss_mask {mask.shape} must be one [T] each")
+    digest = hashlib.sha256(_TOKEN_DIGEST_TAG)
+    digest.update(np.array([offset, ids.size], dtype="<i8").tobytes())
+    digest.update(ids.tobytes())
+    digest.update(mask.tobytes())
+    return digest.hexdigest()

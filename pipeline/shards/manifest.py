@@ -25,14 +25,18 @@ def manifest_path(run_dir: Path) -> Path:
     return Path(run_dir) / layout.MANIFEST_NAME
 
 
-def write_manifest(run_dir: Path, manifest: Mapping[str, Any]) -> Path:
-    """Write manifest.json atomically (temp file + rename), keys sorted, indented; returns its path."""
+def manifest_text(manifest: Mapping[str, Any]) -> str:
+    """manifest.json's exact text: keys sorted, indented (what the run's attestation digests before it is written)."""
     missing = [key for key in (*REQUIRED_KEYS, *formats.V2_KEYS) if key not in manifest]
     if missing:
         raise ManifestError(f"manifest is missing required keys {missing}")
-    text = json.dumps(manifest, sort_keys=True, indent=2, allow_nan=False) + "\n"
+    return json.dumps(manifest, sort_keys=True, indent=2, allow_nan=False) + "\n"
+
+
+def write_manifest(run_dir: Path, manifest: Mapping[str, Any]) -> Path:
+    """Write manifest.json atomically (temp file + rename); returns its path."""
     path = manifest_path(run_dir)
-    write_text_atomic(path, text)
+    write_text_atomic(path, manifest_text(manifest))
     return path
 
 

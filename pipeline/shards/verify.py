@@ -5,18 +5,22 @@ directory (no '..', not absolute, not through a symlink) that exists with the re
 library and the writer's own parser both accept each shard's header and read it alike (st_library.py); each shard's
 header, offsets, finiteness and Parquet rows agree with the manifest (verify_shard.py), its metadata included: engine,
 capture convention, model and code as the manifest's provenance records them; sample ids are unique across the run;
-totals equal the manifest's counts; the manifest's other claims (provenance digest, start record, reject and truncation
-counts) hold (verify_claims.py); and the run directory holds nothing a run does not write: no unlisted shard file, user
-file, symlink or stale temp file (verify_tree.py).
+totals equal the manifest's counts; every sample id is its data row's, rows in the data's order, no sample longer
+than data.max_length (verify_samples.py); the manifest's other claims (provenance digest, start record, reject and
+truncation counts) hold (verify_claims.py); the run directory holds nothing a run does not write: no unlisted shard
+file, user file, symlink or stale temp file (verify_tree.py); and every file is what the run's attestation says,
+signed by `key` when one is given (attestation.py).
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from pipeline.core.io import sha256_file
 from pipeline.provenance import compact
-from pipeline.shards import layout
+from pipeline.shards import attestation, layout
 from pipeline.shards.manifest import ManifestError, read_manifest
 from pipeline.shards.storage import of_manifest, parse
 from pipeline.shards.verify_claims import (
@@ -24,6 +28,7 @@ from pipeline.shards.verify_claims import (
     reject_problems,
     truncation_problems,
 )
+from pipeline.shards.verify_samples import SampleRows, sample_problems
 from pipeline.shards.verify_shard import Expected, check_shard
 from pipeline.shards.verify_tree import (
     escape_problem,
@@ -125,7 +130,8 @@ def _outside(run_dir: Path, entry: ShardEntry) -> tuple[set[str], list[str]]:
     return outside, problems
 
 
-def _file_problems(run_dir: Path, entry: ShardEntry, outside: set[str]) -> list[str]:
+def _file_problems(run_dir: Path, entry: ShardEntry, outside: set[str], hashed: dict[str, str]) -> list[str]:
+    """The listed files against their records; `hashed` gets the sha256 of every file read."""
     problems = []
     for rel, info in sorted(entry.files.items()):
         path = run_dir / rel
@@ -135,7 +141,7 @@ def _file_problems(run_dir: Path, entry: ShardEntry, outside: set[str]) -> list[
             problems.append(f"{entry.name}: listed file {rel} is missing")
         elif path.stat().st_size != info.get("bytes"):
             problems.append(f"{entry.name}: {rel} has {path.stat().st_size} bytes, manifest says {info.get('bytes')}")
-        elif (digest := sha256_file(path)) != info.get("sha256"):
+        elif (digest := hashed.setdefault(rel, sha256_file(path))) != info.get("sha256"):
             problems.append(f"{entry.name}: {rel} sha256 {digest} != manifest {info.get('sha256')}")
     return problems
 
@@ -167,8 +173,9 @@ def _listed(entries: list[ShardEntry]) -> set[str]:
     return {rel for e in entries for rel in e.files} | {f"{layout.SHARDS_DIR}/{e.name}{marker}" for e in entries}
 
 
-def verify_run(run_dir: Path) -> list[str]:
-    """Every problem found in `run_dir`, each as one line naming the shard or file, the field and both values."""
+def verify_run(run_dir: Path, *, key: Ed25519PublicKey | None = None) -> list[str]:
+    """Every problem found in `run_dir`, each as one line naming the shard or file, the field and both values; with
+    `key`, also an attestation that key did not sign (attestation.py)."""
     run_dir = Path(run_dir)
     try:
         manifest = read_manifest(run_dir)
@@ -179,21 +186,27 @@ def verify_run(run_dir: Path) -> list[str]:
         return problems
     entries, problems = _entries(manifest, expect)
     owners: dict[str, list[str]] = {}
+    samples = SampleRows()
+    hashed: dict[str, str] = {}  # sha256 of the files read, so the attestation's check reads none twice
     num_truncated, rows_read = 0, True  # the truncation count is checked only when every shard's rows were read
     for entry in entries:  # shard by shard, so memory stays at one shard's index tensors plus one chunk
         outside, entry_problems = _outside(run_dir, entry)
-        problems += entry_problems + _file_problems(run_dir, entry, outside)
+        problems += entry_problems + _file_problems(run_dir, entry, outside, hashed)
         files = "" if outside else _shard_files(run_dir, entry)
         if isinstance(files, str):
             problems += [files] if files else []
             rows_read = False
             continue
-        shard_problems, ids, truncated = check_shard(*files, entry, expect)
+        shard_problems, table = check_shard(*files, entry, expect)
         problems += shard_problems
-        num_truncated += truncated
+        ids = table.get("sample_id", [])
+        num_truncated += sum(bool(flag) for flag in table.get("truncated", []))
         rows_read = rows_read and bool(ids)
+        samples.add(entry.name, table)
         for sample_id in ids:
             owners.setdefault(sample_id, []).append(entry.name)
     return problems + _total_problems(manifest, entries) + _duplicate_problems(owners) \
+        + sample_problems(run_dir, manifest, samples) \
         + (truncation_problems(manifest, num_truncated) if rows_read else []) + provenance_problems(run_dir, manifest) \
-        + reject_problems(run_dir, manifest, set(owners)) + tree_problems(run_dir, _listed(entries))
+        + reject_problems(run_dir, manifest, set(owners)) + tree_problems(run_dir, _listed(entries)) \
+        + attestation.problems(run_dir, manifest, key, hashed)

@@ -1,9 +1,10 @@
 """The manifest's claims that its shards do not carry, against what the run directory lets verify recompute.
 
 - `provenance_digest` is the digest of the stored `provenance` (an edit of the data path or of max_length changes it);
-- the provenance's resolved config, model digests and code are those of run.json, the record the run started from
-  (and that a resume must match), when the run directory holds one;
-- `rejects` (total and by reason) counts the rows of rejects.parquet and of the capture rejects under rejects/;
+- the provenance's resolved config, model digests, code and data digest are those of run.json, the record the run
+  started from (and that a resume must match), when the run directory holds one;
+- `rejects` (total and by reason) counts the rows of rejects.parquet and of the capture rejects under rejects/, and
+  each reject's id is its row's (verify_samples.py);
 - `num_truncated` counts the shards' rows whose `truncated` flag is set; no rejected sample is also in a shard.
 
 A manifest that records no provenance or no reject counts at all (one not written by `pipeline.extract`) is held only
@@ -20,6 +21,7 @@ import pyarrow.parquet as pq
 
 from pipeline import provenance
 from pipeline.shards.layout import PREPARE_REJECTS, REJECTS_DIR, RUN, RUN_FILE
+from pipeline.shards.verify_samples import SampleRows, data_digest, id_problems
 
 _MAX_LISTED = 3
 
@@ -57,6 +59,8 @@ def _start_record_problems(run_dir: Path, prov: dict[str, Any]) -> list[str]:
         claimed = {"config": provenance.stable_config(prov.get("config") or {}), "code": prov.get("code"),
                    "model_config_sha256": model.get("config_sha256"),
                    "weights_sha256": (model.get("weights") or {}).get("sha256")}
+        if "data" in prov:  # the data file's digest (recorded in provenance since format 3): every sample id's seed
+            claimed["data_digest"] = (prov["data"] or {}).get("sha256")
         started = {key: record[key] for key in claimed}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError, AttributeError) as exc:
         return [f"{RUN_FILE} is not a run's start record ({type(exc).__name__}: {exc})"]
@@ -72,8 +76,9 @@ def _where(key: str) -> str:
     return key.removeprefix("config.") if key.startswith("config.") else key
 
 
-def _reject_tables(run_dir: Path) -> tuple[list[tuple[str, list[str], list[str]]], list[str]]:
-    """(relative path, sample ids, reasons) of every rejects file, and the problems of the unreadable ones."""
+def _reject_tables(run_dir: Path) -> tuple[list[tuple[str, dict[str, list]]], list[str]]:
+    """(relative path, its sample_id, row and reason columns) of every rejects file, and the problems of the unreadable
+    ones."""
     paths = [run_dir / PREPARE_REJECTS]
     folder = run_dir / REJECTS_DIR
     if folder.is_dir() and not folder.is_symlink():
@@ -84,17 +89,21 @@ def _reject_tables(run_dir: Path) -> tuple[list[tuple[str, list[str], list[str]]
         if path.is_symlink() or not path.is_file():
             continue  # absent (no rejects were written) or a symlink (named by the tree check)
         try:
-            table = pq.read_table(path, columns=["sample_id", "reason"]).to_pydict()
+            table = pq.read_table(path, columns=["sample_id", "row", "reason"]).to_pydict()
         except (OSError, ValueError, KeyError) as exc:
             problems.append(f"{rel}: unreadable rejects file ({type(exc).__name__}: {exc})")
             continue
-        tables.append((rel, table["sample_id"], table["reason"]))
+        tables.append((rel, table))
     return tables, problems
 
 
 def reject_problems(run_dir: Path, manifest: dict[str, Any], shard_ids: set[str]) -> list[str]:
     tables, problems = _reject_tables(run_dir)
-    counted = Counter(reason for _, _, reasons in tables for reason in reasons)
+    rejected = SampleRows()
+    for rel, table in tables:
+        rejected.add(rel, {**table, "num_tokens": [None] * len(table["row"])})
+    problems += id_problems(rejected, data_digest(run_dir), where="rejects")
+    counted = Counter(reason for _, table in tables for reason in table["reason"])
     total = sum(counted.values())
     claim = manifest.get("rejects")
     where = f"{PREPARE_REJECTS} and {REJECTS_DIR}/"
@@ -110,7 +119,7 @@ def reject_problems(run_dir: Path, manifest: dict[str, Any], shard_ids: set[str]
             problems.append(f"manifest rejects by_reason={claim.get('by_reason')!r} but {where} hold "
                             f"{dict(sorted(counted.items()))}")
         problems += _listed_rejects_problems(claim.get("files", []))
-    both = sorted({(rel, sid) for rel, ids, _ in tables for sid in ids if sid in shard_ids})
+    both = sorted({(rel, sid) for rel, table in tables for sid in table["sample_id"] if sid in shard_ids})
     problems += [f"{rel}: rejected sample {sid!r} is also in a shard" for rel, sid in both[:_MAX_LISTED]]
     if len(both) > _MAX_LISTED:
         problems.append(f"{len(both) - _MAX_LISTED} more rejected sample(s) are also in shards")

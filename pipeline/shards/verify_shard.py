@@ -17,7 +17,7 @@ import torch
 
 from pipeline.core.stfile import TensorInfo, read_header
 from pipeline.shards import layout
-from pipeline.shards.formats import shard_storage
+from pipeline.shards.formats import row_digest, shard_storage
 from pipeline.shards.st_library import LibraryRejects, header_disagreements, read_library_header, read_rows, read_small
 from pipeline.shards.storage import SCALE_DTYPE, Storage
 from pipeline.shards.writer import ShardEntry
@@ -151,8 +151,16 @@ def _row_mismatches(name: str, column: str, ids: list[str], got: np.ndarray, wan
     return listed
 
 
+def _mask_problems(name: str, loss_mask: np.ndarray) -> list[str]:
+    bad = np.flatnonzero(loss_mask > 1)
+    if bad.size:
+        return [f"{name}: {bad.size} loss_mask value(s) not 0 or 1, first at token {int(bad[0])}: "
+                f"{int(loss_mask[bad[0]])}"]
+    return []
+
+
 def _parquet_problems(name: str, table: dict[str, list], entry: ShardEntry, offsets: np.ndarray,
-                      input_ids: np.ndarray, loss_mask: np.ndarray) -> list[str]:
+                      input_ids: np.ndarray, loss_mask: np.ndarray, version: str) -> list[str]:
     if sorted(table) != sorted(layout.PARQUET_COLUMNS):
         return [f"{name}: columns {sorted(table)} != expected {sorted(layout.PARQUET_COLUMNS)}"]
     ids = table["sample_id"]
@@ -160,7 +168,8 @@ def _parquet_problems(name: str, table: dict[str, list], entry: ShardEntry, offs
         return [f"{name}: {len(ids)} rows, safetensors holds {len(offsets) - 1} samples"]
     loss_cum = np.concatenate([[0], np.cumsum(loss_mask, dtype=np.int64)])
     want_loss = loss_cum[offsets[1:]] - loss_cum[offsets[:-1]]
-    digests = [layout.token_digest(input_ids[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
+    digest = row_digest(version)  # version 3: ids, loss mask, offset and length; 1 and 2: the ids alone
+    digests = [digest(input_ids[a:b], loss_mask[a:b], int(a)) for a, b in zip(offsets[:-1], offsets[1:])]
     problems = (_row_mismatches(name, "offset", ids, np.asarray(table["offset"]), offsets[:-1])
                 + _row_mismatches(name, "num_tokens", ids, np.asarray(table["num_tokens"]), np.diff(offsets))
                 + _row_mismatches(name, "num_loss_tokens", ids, np.asarray(table["num_loss_tokens"]), want_loss)
@@ -192,17 +201,16 @@ def _headers(st_path: Path, name: str) -> tuple[dict[str, TensorInfo], dict[str,
 
 
 def check_shard(st_path: Path, pq_path: Path, entry: ShardEntry,
-                expect: Expected) -> tuple[list[str], list[str], int]:
-    """(problems, sample ids, truncated samples) of one shard; ids and the truncated count come from its Parquet file
-    (none if unreadable)."""
+                expect: Expected) -> tuple[list[str], dict[str, list]]:
+    """(problems, Parquet rows by column) of one shard; no rows when the shard cannot be read."""
     name = entry.name
     headers = _headers(st_path, name)
     if isinstance(headers, list):
-        return headers, [], 0
+        return headers, {}
     infos, meta = headers
     problems = _header_problems(name, infos, meta, entry, expect)  # the two parsers agree: one check covers both
     if problems:
-        return problems, [], 0
+        return problems, {}
     try:
         offsets, input_ids, loss_mask = read_small(st_path, layout.SAMPLE_OFFSETS, layout.INPUT_IDS, layout.LOSS_MASK)
         problems = _offset_problems(name, offsets, entry.num_tokens)
@@ -210,13 +218,14 @@ def check_shard(st_path: Path, pq_path: Path, entry: ShardEntry,
         problems += [f"{name}: {p}" for p in scale_problems]
         table = pq.read_table(pq_path).to_pydict()
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-        return [f"{name}: unreadable ({type(exc).__name__}: {exc})"], [], 0
+        return [f"{name}: unreadable ({type(exc).__name__}: {exc})"], {}
     ids = table.get("sample_id", [])
     if count:
         owner = int(np.searchsorted(offsets, row, side="right")) - 1
         who = repr(ids[owner]) if 0 <= owner < len(ids) else f"#{owner}"
         problems.append(f"{name}: {count} non-finite hidden state value(s), first at token {row} "
                         f"(sample {who}, point {expect.points[point]!r})")
+    problems += _mask_problems(name, loss_mask)
     if not problems:
-        problems += _parquet_problems(name, table, entry, offsets, input_ids, loss_mask)
-    return problems, list(ids), sum(bool(flag) for flag in table.get("truncated", []))
+        problems += _parquet_problems(name, table, entry, offsets, input_ids, loss_mask, expect.version)
+    return problems, table

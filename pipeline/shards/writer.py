@@ -119,7 +119,8 @@ def _parquet_table(items: Sequence[Item]) -> pa.Table:
         "num_tokens": pa.array([s.num_tokens for s in samples], pa.int64()),
         "num_loss_tokens": pa.array([s.num_loss_tokens for s in samples], pa.int64()),
         "truncated": pa.array([bool(s.truncated) for s in samples], pa.bool_()),
-        "token_digest": pa.array([layout.token_digest(s.input_ids_T) for s in samples], pa.string()),
+        "token_digest": pa.array([layout.token_digest(s.input_ids_T, s.loss_mask_T, int(offset))
+                                  for s, offset in zip(samples, offsets[:-1])], pa.string()),
     }
     return pa.table(columns)
 

@@ -3,6 +3,8 @@ naming what is wrong), a killed export that a rerun completes without rewriting 
 alone, an OUT holding another export."""
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import shutil
@@ -138,6 +140,18 @@ def test_resumed_speculators_files_hold_the_runs_slots(llama_run, tmp_path):
             with safe_open(str(out / "hidden_states" / f"hs_{i}.safetensors"), "pt") as f:
                 assert f.get_tensor("hidden_states").equal(sample["hidden_states"][:, [0, 1, 2, 3]])
                 assert f.metadata()["sample_id"] == sample["sample_id"]
+
+
+def test_the_export_carries_the_runs_attestation_digest(llama_run, tmp_path):
+    """export.json names the exact run it came from by its attestation (the file's sha256, the statement's, who signed
+    it: this run is unsigned), so `pipeline.verify RUN --key PUB` can prove the run behind a trained draft."""
+    out = tmp_path / "out"
+    assert export(llama_run, out, "specforge").returncode == 0
+    envelope = (llama_run / "attestation.intoto.json").read_bytes()
+    statement = base64.b64decode(json.loads(envelope)["payload"])
+    assert json.loads((out / "export.json").read_text())["run_attestation"] == {
+        "sha256": hashlib.sha256(envelope).hexdigest(), "statement_sha256": hashlib.sha256(statement).hexdigest(),
+        "signed_by": []}
 
 
 def test_out_holding_another_export_or_other_files_is_refused(llama_run, tmp_path):

@@ -2,6 +2,7 @@
 default run passes it with its cost measured; its summary lands in the manifest and in every shard."""
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -9,6 +10,7 @@ from safetensors import safe_open
 
 from pipeline.run.gate import DiffGateError, describe
 from pipeline.run.job import run_extract
+from pipeline.shards.verify import verify_run
 from tests.helpers.diff import composed
 from tests.helpers.faulty_engines import registered
 
@@ -99,6 +101,11 @@ def test_a_reference_that_cannot_run_is_a_config_error_before_any_work(tmp_path,
     assert not out.exists()
 
 
+def attested_files(run_dir) -> list[str]:
+    envelope = json.loads((run_dir / "attestation.intoto.json").read_text())
+    return [subject["name"] for subject in json.loads(base64.b64decode(envelope["payload"]))["subject"]]
+
+
 def test_always_draws_the_plots_after_the_run_and_counts_them(tmp_path, models_root):
     out = tmp_path / "run"
     summary = extract(out, "engine.dtype=float32", "gate.html=always")
@@ -107,3 +114,5 @@ def test_always_draws_the_plots_after_the_run_and_counts_them(tmp_path, models_r
     drawn = gate.parts["report.html (after the run)"]
     assert drawn > 0 and gate.seconds == pytest.approx(sum(gate.parts.values()))
     assert f"report: {(out / 'diff').resolve()}/report.html" in describe(gate, summary.seconds)[0]
+    # drawn before the run is attested: the plots are one of its files, and the run verifies with them
+    assert "diff/report.html" in attested_files(out) and verify_run(out) == []

@@ -16,7 +16,8 @@ STEPS = ["write:run.json", "rename:run.json", "write:rejects.parquet", "rename:r
          "unlink:shard-00000.done.json", "write:shard-00000.safetensors", "rename:shard-00000.safetensors",
          "write:shard-00000.parquet", "rename:shard-00000.parquet", "write:shard-00000.done.json",
          "rename:shard-00000.done.json", "unlink:shard-00001.done.json", "rename:shard-00001.done.json",
-         "write:manifest.json", "rename:manifest.json"]
+         "write:attestation.intoto.json", "rename:attestation.intoto.json", "write:manifest.json",
+         "rename:manifest.json"]
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,7 @@ def test_shard_file_layout_and_metadata(tmp_path):
     assert json.loads(meta["points"]) == POINTS and meta["format_version"] == layout.FORMAT_VERSION and meta["engine"] == "hf"
     rows = pq.read_table(tmp_path / "shards/shard-00007.parquet").to_pylist()
     assert [r["offset"] for r in rows] == [0, 3, 9] and [r["num_tokens"] for r in rows] == [3, 6, 2]
-    assert rows[1]["token_digest"] == layout.token_digest(items[1][0].input_ids_T)
+    assert rows[1]["token_digest"] == layout.token_digest(items[1][0].input_ids_T, items[1][0].loss_mask_T, 3)
     assert [r["truncated"] for r in rows] == [True, False, False] and rows[2]["row"] == 2
 
 

@@ -216,7 +216,7 @@ def test_fp8_storage_records_must_agree(tmp_path):
     storage(capture_dtype="bfloat16")
     assert verify_run(tmp_path) == []
     _edit_manifest(tmp_path, lambda m: m.pop("storage"))  # fp8 states and no record of their scales
-    assert len(verify_run(tmp_path)) == 1 and "format_version 2 requires ['storage']" in verify_run(tmp_path)[0]
+    assert len(verify_run(tmp_path)) == 1 and "format_version 3 requires ['storage']" in verify_run(tmp_path)[0]
 
 
 def test_plain_run_claiming_fp8_storage(tmp_path):
@@ -227,7 +227,8 @@ def test_plain_run_claiming_fp8_storage(tmp_path):
 
 def _as_format_1_before_storage(run_dir):
     """The run as format 1 wrote it before storage was recorded: no storage record in the manifest, its entries or the
-    shards' metadata, `num_saturated` in every entry, format_version "1" everywhere (the files' records refreshed)."""
+    shards' metadata, `num_saturated` in every entry, format_version "1" everywhere, token digests of the ids alone
+    (the files' records refreshed)."""
     for path in sorted((run_dir / "shards").glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
             tensors = {name: f.get_tensor(name) for name in f.keys()}
@@ -235,6 +236,12 @@ def _as_format_1_before_storage(run_dir):
         meta.pop(layout.META_STORAGE)
         save_file(tensors, str(path), metadata=meta)
         _refresh_file_record(run_dir, path.relative_to(run_dir).as_posix())
+        rows = path.with_suffix(".parquet")
+        table, ids, offsets = pq.read_table(rows), tensors[layout.INPUT_IDS].numpy(), tensors[layout.SAMPLE_OFFSETS]
+        digests = [layout.ids_digest(ids[a:b]) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+        pq.write_table(table.set_column(table.schema.get_field_index("token_digest"), "token_digest",
+                                        pa.array(digests)), rows)
+        _refresh_file_record(run_dir, rows.relative_to(run_dir).as_posix())
 
     def legacy(manifest):
         manifest.pop("storage")

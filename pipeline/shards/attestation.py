@@ -1,0 +1,283 @@
+"""The run's provenance as an in-toto attestation, signed when the user gives a key: what `verify --key` proves.
+
+`attestation.intoto.json` (written by extract just before the manifest, so a finished run always has it) is a DSSE
+envelope (https://github.com/secure-systems-lab/dsse) whose payload, of type `application/vnd.in-toto+json`, is an
+in-toto Statement v1: its subjects are every file of the run (each path relative to the run directory, with its
+sha256; all but the out_dir lock and the attestation itself), its predicate the manifest's provenance record
+(`PREDICATE_TYPE`). With `sign_key=PATH` (an Ed25519 private key, PEM) the envelope carries one signature over DSSE's
+pre-authentication encoding of the payload; without one its signature list is empty.
+
+Without a key, the attestation is one more set of checksums that a forger can recompute. With the signer's public key
+(`python -m pipeline.verify RUN --key PUB`), a valid signature proves the statement was made by the key's holder, and
+matching subjects prove every file is byte for byte what that holder's extract wrote.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from pipeline.core.cli import UsageError
+from pipeline.core.io import sha256_file, write_text_atomic
+from pipeline.shards import layout
+from pipeline.shards.verify_tree import escape_problem, through_symlink
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+PREDICATE_TYPE = "urn:pipeline:run-provenance:v1"  # the predicate: a manifest's `provenance` record, as it is
+NAME = layout.ATTESTATION_NAME
+_NOT_SUBJECTS = (layout.LOCK_NAME, NAME)  # the lock's lease changes while the run holds it; the attestation itself
+_MAX_LISTED = 3
+
+
+class AttestationKeyError(UsageError, ValueError):
+    """A signing or verification key that cannot be used (exit status 2): the message names the file and why."""
+
+
+def _read_pem(path: Path, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise AttestationKeyError(f"{what} {path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def load_signing_key(path: str | Path) -> Ed25519PrivateKey:
+    """An unencrypted Ed25519 private key in PEM (`openssl genpkey -algorithm ed25519 -out KEY`)."""
+    data = _read_pem(Path(path), "signing key")
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except TypeError:
+        raise AttestationKeyError(f"signing key {path} is encrypted: give an unencrypted Ed25519 PEM key, kept "
+                                  "readable by the job alone") from None
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        why = "that is a public key: give the private key that signs" if b"PUBLIC KEY" in data else str(exc)
+        raise AttestationKeyError(f"signing key {path} is not a PEM private key ({why})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise AttestationKeyError(f"signing key {path} is of type {type(key).__name__.removeprefix('_')}, not "
+                                  "Ed25519")
+    return key
+
+
+def load_public_key(path: str | Path) -> Ed25519PublicKey:
+    """An Ed25519 public key in PEM (`openssl pkey -in KEY -pubout -out PUB`)."""
+    data = _read_pem(Path(path), "public key")
+    try:
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        why = "that is a private key: give its public half" if b"PRIVATE KEY" in data else str(exc)
+        raise AttestationKeyError(f"public key {path} is not a PEM public key ({why})") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise AttestationKeyError(f"public key {path} is of type {type(key).__name__.removeprefix('_')}, not "
+                                  "Ed25519")
+    return key
+
+
+def keyid(public: Ed25519PublicKey) -> str:
+    """sha256 of the key's DER SubjectPublicKeyInfo (`openssl pkey -pubin -in PUB -outform DER | sha256sum`)."""
+    der = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(der).hexdigest()
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE's pre-authentication encoding: what is signed."""
+    kind = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
+
+
+def run_files(run_dir: Path, listed: Mapping[str, str]) -> list[str]:
+    """The files of the run its attestation covers, sorted: the root files a run writes, the files its folders may
+    hold (in shards/ only the `listed` ones and their shards' markers), no symlink, no temp file."""
+    run_dir = Path(run_dir)
+    names = [n for n in layout.RUN.files if n not in _NOT_SUBJECTS and _regular(run_dir / n)]
+    for folder in layout.RUN.dirs:
+        if not _regular(run_dir / folder, folder=True):
+            continue
+        for child in sorted((run_dir / folder).iterdir()):
+            rel = f"{folder}/{child.name}"
+            if not _regular(child) or child.name.endswith(".tmp"):
+                continue
+            if folder == layout.SHARDS_DIR:
+                if rel in listed or rel.removesuffix(layout.SHARD_SUFFIXES["marker"]) in _shard_bases(listed):
+                    names.append(rel)
+            elif layout.RUN.holds(folder, child.name):
+                names.append(rel)
+    return sorted(names)
+
+
+def _regular(path: Path, *, folder: bool = False) -> bool:
+    return not path.is_symlink() and (path.is_dir() if folder else path.is_file())
+
+
+def _shard_bases(listed: Mapping[str, str]) -> set[str]:
+    suffixes = tuple(layout.SHARD_SUFFIXES[k] for k in ("safetensors", "parquet"))
+    return {rel.removesuffix(s) for rel in listed for s in suffixes if rel.endswith(s)}
+
+
+def listed_digests(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """The sha256 the manifest records for every shard file (computed by the writer as it wrote them)."""
+    out = {}
+    for entry in manifest.get("shards") or []:
+        for rel, info in ((entry or {}).get("files") or {}).items() if isinstance(entry, dict) else ():
+            if isinstance(info, dict) and isinstance(info.get("sha256"), str):
+                out[rel] = info["sha256"]
+    return out
+
+
+def statement(run_dir: Path, manifest: Mapping[str, Any], manifest_text: str) -> dict[str, Any]:
+    """The Statement for a run about to be finished with `manifest_text` as its manifest.json. Shard files are given
+    the sha256 their writer recorded (no shard is read twice); the other files are hashed here."""
+    listed = listed_digests(manifest)
+    digests = {**listed, layout.MANIFEST_NAME: hashlib.sha256(manifest_text.encode()).hexdigest()}
+    names = sorted(set(run_files(run_dir, listed)) | {layout.MANIFEST_NAME})
+    subjects = [{"name": rel, "digest": {"sha256": digests.get(rel) or sha256_file(Path(run_dir) / rel)}}
+                for rel in names]
+    return {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE,
+            "predicate": manifest.get("provenance")}
+
+
+def envelope(stmt: Mapping[str, Any], key: Ed25519PrivateKey | None) -> dict[str, Any]:
+    payload = json.dumps(stmt, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    signatures = [] if key is None else [{"keyid": keyid(key.public_key()),
+                                          "sig": base64.b64encode(key.sign(pae(PAYLOAD_TYPE, payload))).decode()}]
+    return {"payloadType": PAYLOAD_TYPE, "payload": base64.b64encode(payload).decode(), "signatures": signatures}
+
+
+def write(run_dir: Path, manifest: Mapping[str, Any], manifest_text: str,
+          key: Ed25519PrivateKey | None = None) -> Path:
+    """Write the run's attestation (atomically), signed with `key` when given; before the manifest."""
+    path = Path(run_dir) / NAME
+    text = json.dumps(envelope(statement(run_dir, manifest, manifest_text), key), indent=2, sort_keys=True) + "\n"
+    write_text_atomic(path, text)
+    return path
+
+
+def record(run_dir: Path) -> dict[str, Any] | None:
+    """What an export carries: the attestation's sha256 (the file's), its statement's, and who signed it; None for a
+    run without one (format 1 and 2)."""
+    path = Path(run_dir) / NAME
+    if not path.is_file():
+        return None
+    env, problem = _read(path)
+    payload, _, problem = _statement(env) if problem is None else (b"", {}, problem)
+    if problem:
+        return {"sha256": sha256_file(path), "statement_sha256": None, "signed_by": []}
+    return {"sha256": sha256_file(path), "statement_sha256": hashlib.sha256(payload).hexdigest(),
+            "signed_by": sorted({str(s.get("keyid")) for s in env["signatures"] if isinstance(s, dict)})}
+
+
+def _read(path: Path) -> tuple[dict[str, Any], str | None]:
+    """The envelope, or why it is not one."""
+    try:
+        env = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return {}, f"{NAME} is not JSON ({type(exc).__name__}: {exc})"
+    if not isinstance(env, dict) or env.get("payloadType") != PAYLOAD_TYPE or not isinstance(env.get("payload"), str) \
+            or not isinstance(env.get("signatures"), list):
+        return {}, f"{NAME} is not a DSSE envelope of an in-toto statement (payloadType {PAYLOAD_TYPE!r}, payload, " \
+                   "signatures)"
+    return env, None
+
+
+def _statement(env: dict[str, Any]) -> tuple[bytes, dict[str, Any], str | None]:
+    try:
+        payload = base64.b64decode(env["payload"], validate=True)
+        stmt = json.loads(payload)
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        return b"", {}, f"{NAME}: its payload is not a base64 JSON statement ({type(exc).__name__}: {exc})"
+    subjects = stmt.get("subject") if isinstance(stmt, dict) else None
+    if not isinstance(stmt, dict) or stmt.get("_type") != STATEMENT_TYPE or stmt.get("predicateType") != \
+            PREDICATE_TYPE or not isinstance(subjects, list) or not all(_is_subject(s) for s in subjects):
+        return b"", {}, f"{NAME}: its payload is not an in-toto Statement v1 of a run's provenance ({PREDICATE_TYPE})"
+    return payload, stmt, None
+
+
+def _is_subject(s: Any) -> bool:
+    return isinstance(s, dict) and isinstance(s.get("name"), str) and isinstance(s.get("digest"), dict) \
+        and isinstance(s["digest"].get("sha256"), str)
+
+
+def _signature_problems(env: dict[str, Any], payload: bytes, key: Ed25519PublicKey) -> list[str]:
+    want, signed = keyid(key), []
+    for sig in env["signatures"]:
+        if not isinstance(sig, dict):
+            continue
+        signed.append(str(sig.get("keyid")))
+        try:
+            key.verify(base64.b64decode(str(sig.get("sig")), validate=True), pae(PAYLOAD_TYPE, payload))
+        except (InvalidSignature, binascii.Error, ValueError):
+            continue
+        return []
+    if not signed:
+        return [f"{NAME} is not signed: --key {want[:16]}... can prove nothing about this run (it was written without "
+                "sign_key, or its signature was removed)"]
+    return [f"{NAME}: no signature verifies with --key (keyid {want[:16]}...; signatures by keyid "
+            f"{', '.join(k[:16] + '...' for k in signed)}): the run was not attested by that key's holder, or was "
+            "changed after it was signed"]
+
+
+def _subject_problems(run_dir: Path, manifest: dict[str, Any], stmt: dict[str, Any],
+                      hashed: dict[str, str]) -> list[str]:
+    attested = {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
+    differ = []
+    for rel, want in sorted(attested.items()):
+        path = Path(run_dir) / rel
+        if escape_problem(rel) is not None or through_symlink(Path(run_dir), rel):
+            differ.append(f"{rel} (not a file inside the run)")
+        elif not path.is_file():
+            differ.append(f"{rel} (missing)")
+        elif (got := hashed.get(rel) or hashed.setdefault(rel, sha256_file(path))) != want:
+            differ.append(f"{rel} (sha256 {got[:12]}..., attested {want[:12]}...)")
+    unattested = [rel for rel in run_files(run_dir, listed_digests(manifest)) if rel not in attested]
+    problems = []
+    if differ:
+        problems.append(f"{NAME}: {len(differ)} file(s) differ from what it attests: "
+                        f"{', '.join(differ[:_MAX_LISTED])}{' ...' if len(differ) > _MAX_LISTED else ''}")
+    if unattested:
+        problems.append(f"{NAME}: {len(unattested)} file(s) of the run are not attested: "
+                        f"{', '.join(unattested[:_MAX_LISTED])}{' ...' if len(unattested) > _MAX_LISTED else ''}")
+    if stmt.get("predicate") != manifest.get("provenance"):
+        problems.append(f"{NAME}: its predicate is not the manifest's provenance")
+    return problems
+
+
+def problems(run_dir: Path, manifest: dict[str, Any], key: Ed25519PublicKey | None = None,
+             hashed: dict[str, str] | None = None) -> list[str]:
+    """Every way the run differs from its attestation; with `key`, also a missing or invalid signature. `hashed`:
+    sha256 of files already read (relative path -> hex), filled in with those read here."""
+    path = Path(run_dir) / NAME
+    recorded = manifest.get("attestation")
+    if path.is_symlink():
+        return []  # named by the tree check
+    if not path.is_file():
+        if recorded:
+            return [f"{NAME} is missing, though the manifest records one"]
+        return [f"run has no {NAME}: --key can prove nothing about it (runs of format 1 and 2 have none; this one "
+                f"says format {manifest.get('format_version')})"] if key is not None else []
+    env, problem = _read(path)
+    if problem:
+        return [problem]
+    payload, stmt, problem = _statement(env)
+    if problem:
+        return [problem]
+    found = _signature_problems(env, payload, key) if key is not None else []
+    return found + _subject_problems(run_dir, manifest, stmt, {} if hashed is None else hashed)
+
+
+def describe(run_dir: Path, key: Ed25519PublicKey | None) -> str:
+    """The sound summary's words about the attestation (verify has found no problem with it)."""
+    found = record(run_dir)
+    if found is None:
+        return "no attestation (a run of an older format): checksums only"
+    if key is not None:
+        return f"attestation signed by keyid {keyid(key)[:16]}... (--key): every file is what that key's holder wrote"
+    if found["signed_by"]:
+        return (f"attestation signed by keyid {', '.join(k[:16] + '...' for k in found['signed_by'])}, not checked "
+                "(pass --key PUB to prove who wrote the run)")
+    return "attestation unsigned: its checksums match, which a forger could recompute (sign with sign_key=PATH)"
