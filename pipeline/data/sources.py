@@ -2,13 +2,16 @@
 conversation or a plain text.
 
 Nothing here tokenizes: a record either parses into a `Parsed` value or raises `RecordError` with a machine-readable
-reason, so that one bad record never stops the ones around it.
+reason, so that one bad record never stops the ones around it. Reading is bounded (`pipeline/data/bounds.py`): a
+JSONL line longer than the record bound is measured and skipped without being held, and JSON nesting deeper than
+`MAX_JSON_DEPTH` is a `too_deep` reject.
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +20,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.data.bounds import MAX_JSON_DEPTH
 from pipeline.data.compression import COMPRESSION_SUFFIXES, codec_of, format_suffix, open_data, read_all
 
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -30,6 +34,9 @@ MEDIA_PART_TYPES = {"image", "image_url", "input_image", "audio", "audio_url", "
 MEDIA_FIELDS = ("image", "images", "audio", "audios", "video", "videos")
 # Message fields passed on to the chat template besides role and content (tool use and reasoning, as Kimi's has them).
 TOOL_CALL_FIELDS = ("tool_calls", "reasoning_content", "tool_call_id", "name")
+_SKIP_STEP = 1 << 20  # bytes read at a time while skipping a line that is over the record bound
+# A JSON string or a bracket: enough to find where an array element ends when it is too deep to decode.
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
 class RecordError(Exception):
@@ -43,11 +50,13 @@ class RecordError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class RawRecord:
-    """One record as read: `value` is the decoded object, or `error` says why the line did not decode."""
+    """One record as read: `value` is the decoded object, or `error` says why the line did not decode (`reason`: the
+    Reject code; `too_long` for a record over the bound, which was not read)."""
 
     row: int
     value: Any = None
     error: str | None = None
+    reason: str = "malformed_json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,25 +110,46 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def iter_records(path: Path) -> Iterator[RawRecord]:
-    """Records in file order, row numbers counting records (blank lines are not records)."""
+def iter_records(path: Path, max_record_bytes: int | None = None) -> Iterator[RawRecord]:
+    """Records in file order, row numbers counting records (blank lines are not records); a record larger than
+    `max_record_bytes` comes as a `too_long` error naming its size."""
     suffix = format_suffix(path)
     if suffix == ".parquet":
-        yield from _iter_parquet(path)
+        records = _iter_parquet(path)
     elif suffix == ".json":
-        yield from _iter_json(path)
+        records = _iter_json(path, max_record_bytes)
     else:
         with open_data(path) as f:
-            yield from _iter_jsonl(f)
+            yield from _iter_jsonl(f, max_record_bytes)
+        return
+    for record in records:
+        yield _bounded(record, max_record_bytes)
 
 
-def _iter_jsonl(f: BinaryIO) -> Iterator[RawRecord]:
-    row = 0
-    for line_number, raw in enumerate(f, start=1):
+def _iter_jsonl(f: BinaryIO, max_record_bytes: int | None = None) -> Iterator[RawRecord]:
+    row = line_number = 0
+    while raw := f.readline(-1 if max_record_bytes is None else max_record_bytes + 1):
+        line_number += 1
+        if max_record_bytes is not None and len(raw) > max_record_bytes and not raw.endswith(b"\n"):
+            size = len(raw) + _skip_line(f)
+            yield RawRecord(row, reason="too_long", error=f"line {line_number}: the record is {size:,} bytes, more "
+                                                          f"than the {max_record_bytes:,} one record may take")
+            row += 1
+            continue
         if not raw.strip():
             continue
         yield _decode_line(raw, line_number, row)
         row += 1
+
+
+def _skip_line(f: BinaryIO) -> int:
+    """Read past the rest of the current line a step at a time; its length in bytes, without the newline."""
+    size = 0
+    while chunk := f.readline(_SKIP_STEP):
+        if chunk.endswith(b"\n"):
+            return size + len(chunk) - 1
+        size += len(chunk)
+    return size
 
 
 def _decode_line(raw: bytes, line_number: int, row: int) -> RawRecord:
@@ -129,21 +159,103 @@ def _decode_line(raw: bytes, line_number: int, row: int) -> RawRecord:
         return RawRecord(row, error=f"line {line_number}: not valid UTF-8 at byte {e.start}")
     except json.JSONDecodeError as e:
         return RawRecord(row, error=f"line {line_number}: {e.msg} at column {e.colno}")
+    except RecursionError:
+        return RawRecord(row, reason="too_deep", error=f"line {line_number}: the JSON nests deeper than the decoder "
+                                                       f"follows (more than {MAX_JSON_DEPTH} levels are refused)")
 
 
-def _iter_json(path: Path) -> Iterator[RawRecord]:
-    """A .json file is an array of records, a single record, or (as many exports are) JSON Lines."""
+def _iter_json(path: Path, max_record_bytes: int | None) -> Iterator[RawRecord]:
+    """A .json file is an array of records, a single record, or (as many exports are) JSON Lines. It has no record
+    boundaries before it decodes, so it is read whole (an array too deep to decode at once: element by element)."""
     raw = read_all(path)
     try:
         value = json.loads(raw.decode("utf-8-sig"))
+    except RecursionError:
+        if raw.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
+            yield from _iter_array(raw.decode("utf-8-sig"), path)
+        else:
+            yield RawRecord(0, reason="too_deep", error=f"the JSON nests deeper than the decoder follows (more than "
+                                                        f"{MAX_JSON_DEPTH} levels are refused)")
+        return
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         if raw.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
             # An array has no per-record boundaries to recover from, so a malformed one fails the whole file.
             raise ValueError(f"{path}: not a valid JSON array: {e}") from e
-        yield from _iter_jsonl(io.BytesIO(raw))
+        yield from _iter_jsonl(io.BytesIO(raw), max_record_bytes)
         return
     for row, record in enumerate(value if isinstance(value, list) else [value]):
         yield RawRecord(row, value=record)
+
+
+def _iter_array(text: str, path: Path) -> Iterator[RawRecord]:
+    """A JSON array's elements one at a time, so that one nested too deeply to decode is that element's reject."""
+    decoder, row = json.JSONDecoder(), 0
+    index = _skip_space(text, text.index("[") + 1)
+    while index < len(text) and text[index] != "]":
+        try:
+            value, end = decoder.raw_decode(text, index)
+            record = RawRecord(row, value=value)
+        except RecursionError:
+            end = _element_end(text, index, path)
+            record = RawRecord(row, reason="too_deep", error=f"element {row} nests deeper than the decoder follows "
+                                                             f"(more than {MAX_JSON_DEPTH} levels are refused)")
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not a valid JSON array: {e}") from e
+        yield record
+        row += 1
+        index = _skip_space(text, end)
+        if index < len(text) and text[index] == ",":
+            index = _skip_space(text, index + 1)
+    if index >= len(text):
+        raise ValueError(f"{path}: not a valid JSON array: it is not closed")
+
+
+def _skip_space(text: str, index: int) -> int:
+    while index < len(text) and text[index] in " \t\r\n":
+        index += 1
+    return index
+
+
+def _element_end(text: str, start: int, path: Path) -> int:
+    """Where the array or object starting at `start` ends (its brackets counted outside strings)."""
+    depth = 0
+    for match in _JSON_TOKEN.finditer(text, start):
+        token = match.group()
+        depth += 1 if token in "[{" else -1 if token in "]}" else 0
+        if depth == 0:
+            return match.end()
+    raise ValueError(f"{path}: not a valid JSON array: element at character {start} is not closed")
+
+
+def _bounded(record: RawRecord, max_record_bytes: int | None) -> RawRecord:
+    """A decoded record (a Parquet row, a JSON array element) measured against the bound: its text, in characters
+    (at most its size in bytes), and its nesting."""
+    if record.error is not None:
+        return record
+    chars, depth = measure(record.value, max_record_bytes)
+    if depth > MAX_JSON_DEPTH:
+        return RawRecord(record.row, reason="too_deep", error=f"the record nests more than {MAX_JSON_DEPTH} levels")
+    if max_record_bytes is not None and chars > max_record_bytes:
+        return RawRecord(record.row, reason="too_long", error=f"the record holds {chars:,}+ characters, more than the "
+                                                              f"{max_record_bytes:,} one record may take")
+    return record
+
+
+def measure(value: Any, max_chars: int | None = None) -> tuple[int, int]:
+    """(characters of every string and key, nesting depth) of a decoded record, walked without recursion; the walk
+    stops once the characters pass `max_chars` or the depth passes MAX_JSON_DEPTH."""
+    chars, depth, stack = 0, 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, str):
+            chars += len(node)
+        elif isinstance(node, (dict, list)):
+            depth = max(depth, level)
+            items = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+            stack.extend((item, level + 1) for item in items)
+        if depth > MAX_JSON_DEPTH or (max_chars is not None and chars > max_chars):
+            break
+    return chars, depth
 
 
 def _iter_parquet(path: Path) -> Iterator[RawRecord]:
@@ -158,6 +270,8 @@ def parse_record(value: Any) -> Parsed:
     """The conversation or text a record holds; raises RecordError naming what is wrong with it."""
     if not isinstance(value, dict):
         raise RecordError("not_an_object", f"record is a JSON {_kind(value)}, expected an object")
+    if (depth := measure(value)[1]) > MAX_JSON_DEPTH:
+        raise RecordError("too_deep", f"the record nests {depth}+ levels, more than {MAX_JSON_DEPTH}")
     # Parquet fills absent columns with nulls, so a null field counts as absent.
     present = {key: val for key, val in value.items() if val is not None}
     if not present:
@@ -274,7 +388,18 @@ def _text_content(content: Any, where: str) -> str:
         raise RecordError("empty", f"{where} has empty content")
     if not isinstance(content, str):
         raise RecordError("non_text_content", f"{where} content is a {_kind(content)}, expected text")
+    check_unicode(content, where)
     return content
+
+
+def check_unicode(text: str, where: str) -> None:
+    """A lone surrogate (valid JSON: "\\ud800", common in scraped data) is not a character: no tokenizer can encode
+    it (some raise, some silently write U+FFFD), so the record is rejected rather than captured as other text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RecordError("invalid_text", f"{where} holds a lone surrogate U+{ord(text[e.start]):04X} at character "
+                                          f"{e.start}: not a Unicode character, no tokenizer can encode it") from None
 
 
 def _join_text_parts(parts: list[Any], where: str) -> str:
