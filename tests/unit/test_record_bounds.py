@@ -8,6 +8,8 @@ import random
 import re
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
@@ -138,6 +140,16 @@ def test_a_json_array_element_over_the_record_bound_is_too_long(tok, tmp_path):
     path.write_text(json.dumps([GOOD, {"text": "x" * (bounds.max_record_bytes + 1)}, GOOD]))
     data = prepare(path, tok, max_length=MAX_LENGTH, length_policy="truncate")
     assert [s.row for s in data.samples] == [0, 2] and [r.reason for r in data.rejects] == ["too_long"]
+
+
+def test_a_parquet_row_over_the_record_bound_is_too_long(tok, tmp_path):
+    bounds = RecordBounds.of(tok, MAX_LENGTH)
+    path = tmp_path / "d.parquet"
+    texts = ["a short text", "x" * (bounds.max_record_bytes + 1), "another short text"]
+    pq.write_table(pa.table({"text": texts}), path)
+    data = prepare(path, tok, max_length=MAX_LENGTH, length_policy="truncate")
+    assert [s.row for s in data.samples] == [0, 2] and [r.reason for r in data.rejects] == ["too_long"]
+    assert f"more than the {bounds.max_record_bytes:,} one record may take" in data.rejects[0].detail
 
 
 def _nested(depth: int) -> str:
