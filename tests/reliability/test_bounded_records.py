@@ -86,9 +86,11 @@ def test_a_lone_surrogate_and_deep_nesting_are_rejects_and_the_rest_is_written(t
     assert verify(out).returncode == 0
 
 
-def _checkpoint_with_strict_template(default_model: Path, tmp_path: Path) -> Path:
-    """A user's copy of the tiny default whose chat template checks each message as real templates do: one
-    refusal through raise_exception, one Python error inside the template (a string minus a number)."""
+def _strict_checkpoint(default_model: Path, tmp_path: Path) -> Path:
+    """A user's copy of the tiny default whose chat template checks each message as real templates do (one refusal
+    through raise_exception, one Python error inside the template: a string minus a number), and whose tiktoken
+    tokenizer declares `<|endoftext|>` and encodes with tiktoken's default, which refuses text holding it (as a
+    scraped document may)."""
     ckpt = tmp_path / "my-checkpoint"
     shutil.copytree(default_model, ckpt, ignore=shutil.ignore_patterns(".built.json"))
     template = ckpt / "chat_template.jinja"
@@ -99,25 +101,33 @@ def _checkpoint_with_strict_template(default_model: Path, tmp_path: Path) -> Pat
               "{%- set _ = message['content'] - 1 -%}{%- endif -%}"
               "{%- endfor -%}")
     template.write_text(checks + template.read_text())
+    code = ckpt / "tokenization_kimi.py"
+    source = code.read_text()
+    strict = source.replace("special_tokens={}", 'special_tokens={"<|endoftext|>": len(ranks)}').replace(
+        "self._encoding.encode_ordinary(text)", "self._encoding.encode(text)")
+    assert strict.count("<|endoftext|>") == 1 and "encode_ordinary" not in strict
+    code.write_text(strict)
     return ckpt
 
 
-def test_a_template_error_on_one_record_is_its_reject(tmp_path, tiny_model):
-    ckpt = _checkpoint_with_strict_template(tiny_model("tiny-k25-int4-8l"), tmp_path)
+def test_a_template_or_tokenizer_error_on_one_record_is_its_reject(tmp_path, tiny_model):
+    ckpt = _strict_checkpoint(tiny_model("tiny-k25-int4-8l"), tmp_path)
     late_system = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "late"},
                                            {"role": "assistant", "content": "ok"}]})
     hashed = json.dumps({"messages": [{"role": "user", "content": "#hi"}, {"role": "assistant", "content": "ok"}]})
-    bad = {0: late_system, 2: hashed}
+    endoftext = json.dumps({"text": "the end of one document <|endoftext|> and the next"})
+    bad = {0: late_system, 2: hashed, 4: endoftext}
     out = tmp_path / "run"
     done = extract(out, f"data.path={write_data(tmp_path / 'data.jsonl', bad)}", *RUN, f"model.path={ckpt}",
                    "model.build=null", "model.trust_remote_code=true", "model.points=[embed,1,4,7,final_norm]")
     assert done.returncode == 0, output(done)[-3000:]
     assert written_rows(out) == good_rows(bad)
     found = rejects(out)
-    first, second = (found[row] for row in bad_rows(bad))
+    first, second, third = (found[row] for row in bad_rows(bad))
     assert first[0] == "template_error" and "the system message must come first" in first[1]
     assert second[0] == "template_error" and "TypeError" in second[1]
-    assert "2 rejected (template_error: 2; see rejects.parquet)" in summary_line(done)
+    assert third[0] == "tokenizer_error" and "disallowed special token" in third[1]
+    assert "3 rejected (template_error: 2, tokenizer_error: 1; see rejects.parquet)" in summary_line(done)
 
 
 def _write_huge(path: Path) -> int:
