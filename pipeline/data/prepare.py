@@ -21,14 +21,8 @@ from pipeline.core.contracts import PreparedSample, Reject
 from pipeline.core.io import atomic_path
 from pipeline.data.bounds import RecordBounds
 from pipeline.data.mask import ChatTokenizer, MaskOptions
-from pipeline.data.sources import (
-    RawRecord,
-    RecordError,
-    check_readable,
-    file_digest,
-    iter_records,
-    parse_record,
-)
+from pipeline.data.records import RawRecord, iter_records
+from pipeline.data.sources import RecordError, check_readable, file_digest, parse_record
 
 LengthPolicy = Literal["truncate", "reject"]
 LENGTH_POLICIES = ("truncate", "reject")
