@@ -43,7 +43,8 @@ def write_jsonl(path: Path, lines: list) -> Path:
 
 def _mixed_text(rng: random.Random, num_chars: int) -> str:
     """Words, digits, punctuation, runs without spaces and non-Latin script: every kind of pre-token boundary."""
-    pieces = ["prime", " numbers", " 1234567", ",", " 素数です", "\n\n", " aaaaaaaaaaaaaaaaaaaa", "!?", "    x", "é"]
+    pieces = ["prime", " numbers", " 1234567", ",", " 素数です", "\n\n", " aaaaaaaaaaaaaaaaaaaa", "!?", "    x",
+              "é"]
     out, size = [], 0
     while size < num_chars:
         piece = rng.choice(pieces)
@@ -93,7 +94,8 @@ def test_the_character_cut_keeps_the_tokens_and_mask_of_the_whole_text(tok, tmp_
 
 def test_a_cut_that_leaves_no_loss_token_is_no_loss_tokens_as_before(tok, tmp_path):
     bounds = RecordBounds.of(tok, MAX_LENGTH)
-    record = {"messages": [{"role": "user", "content": "why " * bounds.max_chars}, {"role": "assistant", "content": "ok"}]}
+    record = {"messages": [{"role": "user", "content": "why " * bounds.max_chars},
+                           {"role": "assistant", "content": "ok"}]}
     assert not any(_whole(tok, record, MAX_LENGTH)[1])
     data = prepare(write_jsonl(tmp_path / "d.jsonl", [record]), tok, max_length=MAX_LENGTH, length_policy="truncate")
     assert data.samples == [] and [r.reason for r in data.rejects] == ["no_loss_tokens"]
