@@ -14,7 +14,7 @@ from pipeline.core.cli import ExitCode, os_error_text, run_command
 from pipeline.engines.base import EngineStartError
 from pipeline.factory import build_step
 from pipeline.run.gate import DiffGateError, describe, describe_storage
-from pipeline.run.job import NoValidRecords, run_extract
+from pipeline.run.job import NoValidRecords, count_text, run_extract
 
 register_configs()
 log = logging.getLogger("pipeline.extract")
@@ -59,9 +59,11 @@ def extract(cfg: DictConfig) -> None:
         log.error("run failed, no manifest written (rerun the same command to resume): %s", e)
         sys.exit(ExitCode.FAILED)
     print(f"run directory: {summary.out_dir.resolve()}")
+    reasons = f"{count_text(summary.rejects_by_reason)}; " if summary.rejects_by_reason else ""
     print(f"wrote {summary.num_samples} samples, {summary.num_tokens} tokens in {summary.num_shards} shard(s) "
           f"({summary.resumed_shards} finished earlier); {summary.num_rejects} rejected "
-          f"(see rejects.parquet); {summary.num_truncated} truncated to data.max_length; {summary.seconds:.1f}s")
+          f"({reasons}see rejects.parquet); {summary.num_truncated} truncated to data.max_length; "
+          f"{summary.seconds:.1f}s")
     print(f"capture points: {', '.join(summary.points)}")
     for line in describe(summary.gate, summary.seconds) + describe_storage(summary.storage, summary.gate):
         print(line)

@@ -28,7 +28,7 @@ from typing import Any
 import jinja2
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from pipeline.data.sources import Parsed, RecordError
+from pipeline.data.sources import Parsed, RecordError, check_unicode
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 OPENERS = {"<|im_user|>": "user", "<|im_assistant|>": "assistant", "<|im_system|>": "system"}
@@ -80,9 +80,11 @@ def turn_ids(tokenizer: Any) -> TurnIds | None:
                    think=ids[THINK], think_end=ids[THINK_END])
 
 
-def split_turns(input_ids: list[int], t: TurnIds, tokenizer: Any) -> list[Turn]:
+def split_turns(input_ids: list[int], t: TurnIds, tokenizer: Any, cut: bool = False) -> list[Turn]:
     """Every turn in the rendered ids, in order; a control token out of place is a RecordError (a message whose text
-    holds the template's own special tokens, which encode as control ids)."""
+    holds the template's own special tokens, which encode as control ids). With `cut` (the text was cut short before
+    tokenising) the last turn may be open: its body runs to the end, and a header without its <|im_middle|> is no
+    turn."""
     turns: list[Turn] = []
     i, n = 0, len(input_ids)
     while i < n:
@@ -90,7 +92,12 @@ def split_turns(input_ids: list[int], t: TurnIds, tokenizer: Any) -> list[Turn]:
         if kind is None:
             i += 1
             continue
+        if cut and t.middle not in input_ids[i + 1:]:
+            break
         middle = _next(input_ids, i + 1, t.middle, t, f"the {kind} turn at token {i} has no {MIDDLE}")
+        if cut and t.end not in input_ids[middle + 1:]:
+            turns.append(Turn(kind=kind, role=tokenizer.decode(input_ids[i + 1:middle]), body=middle + 1, end=n - 1))
+            break
         end = _next(input_ids, middle + 1, t.end, t, f"the {kind} turn at token {i} has no {END}")
         role = tokenizer.decode(input_ids[i + 1:middle])
         turns.append(Turn(kind=kind, role=role, body=middle + 1, end=end))
@@ -108,19 +115,20 @@ def _next(input_ids: list[int], start: int, wanted: int, t: TurnIds, missing: st
                                             f"the template's special tokens?)")
 
 
-def _check_counts(turns: list[Turn], messages: list[dict[str, Any]]) -> None:
+def _check_counts(turns: list[Turn], messages: list[dict[str, Any]], cut: bool = False) -> None:
     for kind in ("user", "assistant"):
         found = sum(turn.kind == kind for turn in turns)
         expected = sum(message["role"] == kind for message in messages)
-        if found != expected:
+        if found != expected and not (cut and found < expected):
             raise RecordError("template_structure", f"the rendered conversation has {found} {kind} turns for "
                                                     f"{expected} {kind} messages")
 
 
 def loss_mask(input_ids: list[int], messages: list[dict[str, Any]], t: TurnIds, tokenizer: Any,
-              options: MaskOptions) -> list[int]:
-    turns = split_turns(input_ids, t, tokenizer)
-    _check_counts(turns, messages)
+              options: MaskOptions, cut: bool = False) -> list[int]:
+    """1 on the trained tokens; `cut`: the ids are those of the rendered text's first characters only."""
+    turns = split_turns(input_ids, t, tokenizer, cut)
+    _check_counts(turns, messages, cut)
     mask = [0] * len(input_ids)
     if options.train_default_system and messages[0]["role"] != "system":
         injected = next((turn for turn in turns if turn.kind == "system" and turn.role == "system"), None)
@@ -139,7 +147,12 @@ def loss_mask(input_ids: list[int], messages: list[dict[str, Any]], t: TurnIds, 
 
 
 class ChatTokenizer:
-    """A tokenizer, the way its template's assistant tokens are found, and the mask options: one per data file."""
+    """A tokenizer, the way its template's assistant tokens are found, and the mask options: one per data file.
+
+    A record is rendered (`text_of`) before it is tokenised (`encode`), so that its length is known before the
+    tokenizer sees it. Whatever the template or the tokenizer raise on one record (both are the checkpoint's, the
+    tokenizer possibly remote code) is that record's reject (`template_error`, `tokenizer_error`, `too_deep`), never
+    the data set's end."""
 
     def __init__(self, tokenizer: Any, options: MaskOptions | None = None) -> None:
         self.tokenizer = tokenizer
@@ -154,21 +167,54 @@ class ChatTokenizer:
 
     def tokenize(self, parsed: Parsed) -> tuple[list[int], list[int]]:
         """Token ids and loss mask (1 = train on this token) for a parsed record."""
+        return self.encode(parsed, self.text_of(parsed))
+
+    def can_cut(self, parsed: Parsed) -> bool:
+        """Whether `encode` can take the rendered text cut short: raw text, and Kimi's turn tokens (whose mask is
+        found in the ids); the other methods render the conversation themselves."""
+        return parsed.text is not None or self.turn_ids is not None
+
+    def text_of(self, parsed: Parsed) -> str:
+        """The text the tokenizer will see: a `text` record's text, or the conversation rendered by the template."""
+        if parsed.text is not None:
+            text = parsed.text
+        else:
+            if not self.tokenizer.chat_template:
+                raise ValueError("the tokenizer has no chat template; chat records need one")
+            text = _guarded("template_error", "the chat template", lambda: render_chat(
+                self.tokenizer, parsed.messages, False, parsed.tools))
+        check_unicode(text, "the rendered text")
+        return text
+
+    def encode(self, parsed: Parsed, text: str, cut: bool = False) -> tuple[list[int], list[int]]:
+        """Ids and mask of `text` (from `text_of`; with `cut`, its first characters only, see `can_cut`)."""
         if parsed.text is not None:
             # Raw text trains on everything; special tokens are whatever the tokenizer adds to plain text by default.
-            input_ids = list(self.tokenizer(parsed.text)["input_ids"])
+            input_ids = _guarded("tokenizer_error", "the tokenizer", lambda: list(self.tokenizer(text)["input_ids"]))
             return input_ids, [1] * len(input_ids)
-        if not self.tokenizer.chat_template:
-            raise ValueError("the tokenizer has no chat template; chat records need one")
-        try:
-            if self.turn_ids is not None:
-                input_ids = encode_chat(self.tokenizer, parsed.messages, False, parsed.tools)
-                return input_ids, loss_mask(input_ids, parsed.messages, self.turn_ids, self.tokenizer, self.options)
-            if self._has_markers:
-                return mask_from_markers(self.tokenizer, parsed.messages, parsed.tools)
-            return mask_incremental(self.tokenizer, parsed.messages, parsed.tools)
-        except jinja2.TemplateError as e:
-            raise RecordError("template_error", f"the chat template refused the conversation: {e}") from e
+        if self.turn_ids is not None:
+            input_ids = _guarded("tokenizer_error", "the tokenizer", lambda: encode_text(self.tokenizer, text))
+            return input_ids, loss_mask(input_ids, parsed.messages, self.turn_ids, self.tokenizer, self.options, cut)
+        if cut:
+            raise ValueError(f"the {self.method} mask renders the conversation itself: it cannot take a cut text")
+        method = mask_from_markers if self._has_markers else mask_incremental
+        return _guarded("tokenizer_error", f"the {self.method} mask",
+                        lambda: method(self.tokenizer, parsed.messages, parsed.tools))
+
+
+def _guarded(reason: str, what: str, call: Any) -> Any:
+    """`call()`, whose errors are the record's: a RecordError as it is, a template's error as `template_error`, a
+    RecursionError as `too_deep`, anything else as `reason`, with the exception's type and message."""
+    try:
+        return call()
+    except RecordError:
+        raise
+    except jinja2.TemplateError as e:
+        raise RecordError("template_error", f"the chat template refused the conversation: {e}") from e
+    except RecursionError as e:
+        raise RecordError("too_deep", f"{what} recursed too deep on this record") from e
+    except Exception as e:  # noqa: BLE001 - the checkpoint's own code, on one record: that record's reject
+        raise RecordError(reason, f"{what} failed on this record: {type(e).__name__}: {e}") from e
 
 
 def tokenize(parsed: Parsed, tokenizer: Any, options: MaskOptions | None = None) -> tuple[list[int], list[int]]:
@@ -223,6 +269,11 @@ def _prefix_length(tokenizer: Any, messages: list[dict[str, Any]], add_generatio
 
 def encode_chat(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
                 tools: list[Any] | None = None) -> list[int]:
+    return encode_text(tokenizer, render_chat(tokenizer, messages, add_generation_prompt, tools))
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                tools: list[Any] | None = None) -> str:
     # render_jinja_template, unlike apply_chat_template, accepts the empty prefix before a leading assistant turn.
     rendered, _ = render_jinja_template(
         conversations=[messages],
@@ -231,5 +282,9 @@ def encode_chat(tokenizer: Any, messages: list[dict[str, Any]], add_generation_p
         add_generation_prompt=add_generation_prompt,
         **tokenizer.special_tokens_map,
     )
+    return rendered[0]
+
+
+def encode_text(tokenizer: Any, rendered: str) -> list[int]:
     # The same call apply_chat_template makes: the template already wrote every special token.
-    return list(tokenizer(rendered[0], add_special_tokens=False)["input_ids"])
+    return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])

@@ -1,7 +1,9 @@
 """Data preparation: records -> token ids + assistant loss mask, with a length policy and a reason for every reject.
 
 Token ids come from the target's own chat template, rendered exactly as `apply_chat_template` renders it, so the
-ids captured here are the ids a serving engine would see for the same conversation.
+ids captured here are the ids a serving engine would see for the same conversation. Every record is bounded before
+it is tokenised (`pipeline/data/bounds.py`), and whatever fails on one record is that record's reject: the data set
+goes on.
 """
 from __future__ import annotations
 
@@ -16,16 +18,11 @@ import pyarrow.parquet as pq
 
 from pipeline.core.contracts import PreparedSample, Reject
 from pipeline.core.io import atomic_path
+from pipeline.data.bounds import RecordBounds
 from pipeline.data.ids import sample_id_for
 from pipeline.data.mask import ChatTokenizer, MaskOptions
-from pipeline.data.sources import (
-    RawRecord,
-    RecordError,
-    check_readable,
-    file_digest,
-    iter_records,
-    parse_record,
-)
+from pipeline.data.records import RawRecord, iter_records
+from pipeline.data.sources import RecordError, check_readable, file_digest, parse_record
 
 LengthPolicy = Literal["truncate", "reject"]
 LENGTH_POLICIES = ("truncate", "reject")
@@ -66,11 +63,12 @@ def prepare(
     path = Path(path)
     check_readable(path)
     chat = ChatTokenizer(tokenizer, mask)
+    bounds = RecordBounds.of(tokenizer, max_length)
     data = PreparedData(source=path.name, source_digest=file_digest(path), loss_mask=chat.record())
-    for record in iter_records(path):
+    for record in iter_records(path, max_record_bytes=bounds.max_record_bytes):
         if limit is not None and len(data.samples) >= limit:
             break
-        result = _prepare_record(record, data, chat, max_length, length_policy)
+        result = _prepare_record(record, data, chat, bounds, length_policy)
         (data.samples if isinstance(result, PreparedSample) else data.rejects).append(result)
     return data
 
@@ -85,14 +83,16 @@ def _check_options(max_length: int, length_policy: str, limit: int | None) -> No
 
 
 def _prepare_record(
-    record: RawRecord, data: PreparedData, chat: ChatTokenizer, max_length: int, length_policy: str
+    record: RawRecord, data: PreparedData, chat: ChatTokenizer, bounds: RecordBounds, length_policy: str
 ) -> PreparedSample | Reject:
     sample_id = sample_id_for(data.source_digest, record.row)
     try:
         if record.error is not None:
-            raise RecordError("malformed_json", record.error)
-        input_ids, loss_mask = chat.tokenize(parse_record(record.value))
-        input_ids, loss_mask, truncated = _apply_length_policy(input_ids, loss_mask, max_length, length_policy)
+            detail = f"{record.error} ({bounds.why()})" if record.reason == "too_long" else record.error
+            raise RecordError(record.reason, detail)
+        input_ids, loss_mask, cut = _tokenize(chat, parse_record(record.value), bounds, length_policy)
+        input_ids, loss_mask, truncated = _apply_length_policy(input_ids, loss_mask, bounds.max_length, length_policy,
+                                                               cut)
     except RecordError as e:
         return Reject(source=data.source, row=record.row, reason=e.reason, detail=e.detail, sample_id=sample_id)
     return PreparedSample(
@@ -105,8 +105,25 @@ def _prepare_record(
     )
 
 
+def _tokenize(chat: ChatTokenizer, parsed: Any, bounds: RecordBounds,
+              length_policy: str) -> tuple[list[int], list[int], bool]:
+    """Ids, mask and whether the text was cut by characters: a rendered text over `bounds.max_chars` is rejected
+    (policy reject) or cut to it before tokenising (truncate), where the mask method can take a cut text."""
+    text = chat.text_of(parsed)
+    if len(text) <= bounds.max_chars:
+        return *chat.encode(parsed, text), False
+    if length_policy == "reject":
+        raise RecordError("too_long", f"{len(text):,} characters rendered, more than max_length {bounds.max_length} "
+                                      f"tokens can hold ({bounds.why()})")
+    if chat.can_cut(parsed):
+        input_ids, loss_mask = chat.encode(parsed, text[:bounds.max_chars], cut=True)
+        if len(input_ids) > bounds.max_length:  # as the bound promises; else the whole text decides
+            return input_ids, loss_mask, True
+    return *chat.encode(parsed, text), False  # within the record bound: its size in memory is bounded too
+
+
 def _apply_length_policy(
-    input_ids: list[int], loss_mask: list[int], max_length: int, length_policy: str
+    input_ids: list[int], loss_mask: list[int], max_length: int, length_policy: str, cut: bool = False
 ) -> tuple[list[int], list[int], bool]:
     num_tokens, num_loss = len(input_ids), sum(loss_mask)
     if num_tokens > max_length and length_policy == "reject":
@@ -114,8 +131,10 @@ def _apply_length_policy(
     truncated = num_tokens > max_length
     input_ids, loss_mask = input_ids[:max_length], loss_mask[:max_length]
     if not any(loss_mask):
-        where = f"in the first {max_length} of {num_tokens} tokens" if truncated else f"in {num_tokens} tokens"
-        raise RecordError("no_loss_tokens", f"none of the {num_loss} loss tokens lies {where}")
+        of = f"{num_tokens}+" if cut else f"{num_tokens}"
+        where = f"in the first {max_length} of {of} tokens" if truncated else f"in {num_tokens} tokens"
+        loss = f"{num_loss}+" if cut else f"{num_loss}"
+        raise RecordError("no_loss_tokens", f"none of the {loss} loss tokens lies {where}")
     return input_ids, loss_mask, truncated
 
 

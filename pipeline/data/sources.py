@@ -1,5 +1,5 @@
-"""Reading prompt files (JSONL, JSON, Parquet; gzip, zstd or bz2 compressed or not) and turning each record into a
-conversation or a plain text.
+"""Prompt files (JSONL, JSON, Parquet; gzip, zstd or bz2 compressed or not): checked before any model loads, digested,
+and each record (read by `pipeline/data/records.py`) turned into a conversation or a plain text.
 
 Nothing here tokenizes: a record either parses into a `Parsed` value or raises `RecordError` with a machine-readable
 reason, so that one bad record never stops the ones around it.
@@ -7,22 +7,19 @@ reason, so that one bad record never stops the ones around it.
 from __future__ import annotations
 
 import hashlib
-import io
-import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from pipeline.data.compression import COMPRESSION_SUFFIXES, codec_of, format_suffix, open_data, read_all
+from pipeline.data.bounds import MAX_JSON_DEPTH
+from pipeline.data.compression import COMPRESSION_SUFFIXES, format_suffix, open_data
+from pipeline.data.records import measure, parquet_file
 
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
 OPENAI_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 SHAREGPT_ROLES = {**OPENAI_ROLES, "human": "user", "gpt": "assistant"}
-PARQUET_BATCH_ROWS = 256
 # Content parts and record fields that carry media (OpenAI, Anthropic-style and LLaVA/ShareGPT exports). The capture is
 # text-only: such a record is rejected, never captured with its media left out or replaced by placeholders.
 MEDIA_PART_TYPES = {"image", "image_url", "input_image", "audio", "audio_url", "input_audio", "video", "video_url",
@@ -39,15 +36,6 @@ class RecordError(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
-
-
-@dataclass(frozen=True, slots=True)
-class RawRecord:
-    """One record as read: `value` is the decoded object, or `error` says why the line did not decode."""
-
-    row: int
-    value: Any = None
-    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,14 +67,9 @@ def check_readable(path: str | Path) -> None:
         _check_parquet_footer(path)
 
 
-def _parquet_file(path: Path) -> pq.ParquetFile:
-    """Plain Parquet is read in place; a compressed copy (Parquet compresses its own columns) is decompressed first."""
-    return pq.ParquetFile(path if codec_of(path) is None else pa.BufferReader(read_all(path)))
-
-
 def _check_parquet_footer(path: Path) -> None:
     try:
-        _parquet_file(path)  # reads only the footer of a plain file
+        parquet_file(path)  # reads only the footer of a plain file
     except (OSError, ValueError, pa.ArrowException) as e:
         raise ValueError(f"data file is not valid parquet: {path}: {e}") from e
 
@@ -101,63 +84,12 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def iter_records(path: Path) -> Iterator[RawRecord]:
-    """Records in file order, row numbers counting records (blank lines are not records)."""
-    suffix = format_suffix(path)
-    if suffix == ".parquet":
-        yield from _iter_parquet(path)
-    elif suffix == ".json":
-        yield from _iter_json(path)
-    else:
-        with open_data(path) as f:
-            yield from _iter_jsonl(f)
-
-
-def _iter_jsonl(f: BinaryIO) -> Iterator[RawRecord]:
-    row = 0
-    for line_number, raw in enumerate(f, start=1):
-        if not raw.strip():
-            continue
-        yield _decode_line(raw, line_number, row)
-        row += 1
-
-
-def _decode_line(raw: bytes, line_number: int, row: int) -> RawRecord:
-    try:
-        return RawRecord(row, value=json.loads(raw.decode("utf-8-sig" if line_number == 1 else "utf-8")))
-    except UnicodeDecodeError as e:
-        return RawRecord(row, error=f"line {line_number}: not valid UTF-8 at byte {e.start}")
-    except json.JSONDecodeError as e:
-        return RawRecord(row, error=f"line {line_number}: {e.msg} at column {e.colno}")
-
-
-def _iter_json(path: Path) -> Iterator[RawRecord]:
-    """A .json file is an array of records, a single record, or (as many exports are) JSON Lines."""
-    raw = read_all(path)
-    try:
-        value = json.loads(raw.decode("utf-8-sig"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        if raw.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
-            # An array has no per-record boundaries to recover from, so a malformed one fails the whole file.
-            raise ValueError(f"{path}: not a valid JSON array: {e}") from e
-        yield from _iter_jsonl(io.BytesIO(raw))
-        return
-    for row, record in enumerate(value if isinstance(value, list) else [value]):
-        yield RawRecord(row, value=record)
-
-
-def _iter_parquet(path: Path) -> Iterator[RawRecord]:
-    row = 0
-    for batch in _parquet_file(path).iter_batches(batch_size=PARQUET_BATCH_ROWS):
-        for value in batch.to_pylist():
-            yield RawRecord(row, value=value)
-            row += 1
-
-
 def parse_record(value: Any) -> Parsed:
     """The conversation or text a record holds; raises RecordError naming what is wrong with it."""
     if not isinstance(value, dict):
         raise RecordError("not_an_object", f"record is a JSON {_kind(value)}, expected an object")
+    if (depth := measure(value)[1]) > MAX_JSON_DEPTH:
+        raise RecordError("too_deep", f"the record nests {depth}+ levels, more than {MAX_JSON_DEPTH}")
     # Parquet fills absent columns with nulls, so a null field counts as absent.
     present = {key: val for key, val in value.items() if val is not None}
     if not present:
@@ -274,7 +206,18 @@ def _text_content(content: Any, where: str) -> str:
         raise RecordError("empty", f"{where} has empty content")
     if not isinstance(content, str):
         raise RecordError("non_text_content", f"{where} content is a {_kind(content)}, expected text")
+    check_unicode(content, where)
     return content
+
+
+def check_unicode(text: str, where: str) -> None:
+    """A lone surrogate (valid JSON: "\\ud800", common in scraped data) is not a character: no tokenizer can encode
+    it (some raise, some silently write U+FFFD), so the record is rejected rather than captured as other text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RecordError("invalid_text", f"{where} holds a lone surrogate U+{ord(text[e.start]):04X} at character "
+                                          f"{e.start}: not a Unicode character, no tokenizer can encode it") from None
 
 
 def _join_text_parts(parts: list[Any], where: str) -> str:

@@ -50,6 +50,7 @@ class RunSummary:
     gate: GateOutcome  # the diff gate's verdict, report directory and cost
     num_truncated: int = 0  # samples cut to data.max_length (data.length_policy=truncate) among those written
     storage: dict[str, Any] | None = None  # the manifest's storage record: dtype, rounding error, bytes per token
+    rejects_by_reason: dict[str, int] | None = None  # the manifest's reject counts by reason
 
 
 def _prepare(run: ResolvedRun) -> tuple[PreparedData, str | None]:
@@ -63,9 +64,15 @@ def _prepare(run: ResolvedRun) -> tuple[PreparedData, str | None]:
                            limit=data.limit, mask=MaskOptions.of(data))
     except (ValueError, UnicodeDecodeError) as e:  # a file that is not what its format says (e.g. malformed JSON)
         raise ConfigError(f"data.path={str(run.data_path)!r}: {e}") from e
-    log.info("prepared %d samples (%d tokens) from %s; %d rejected", len(prepared.samples),
-             sum(s.num_tokens for s in prepared.samples), run.data_path, len(prepared.rejects))
+    log.info("prepared %d samples (%d tokens) from %s; %d rejected%s", len(prepared.samples),
+             sum(s.num_tokens for s in prepared.samples), run.data_path, len(prepared.rejects),
+             f" ({count_text(Counter(r.reason for r in prepared.rejects))})" if prepared.rejects else "")
     return prepared, getattr(tokenizer, "chat_template", None)
+
+
+def count_text(counts: Counter | dict[str, int]) -> str:
+    """`too_long: 2, malformed_json: 1`, most frequent first."""
+    return ", ".join(f"{k}: {v}" for k, v in Counter(counts).most_common())
 
 
 def _run_record(run: ResolvedRun, config: dict[str, Any], prepared: PreparedData,
@@ -122,10 +129,9 @@ def _no_valid_records(run: ResolvedRun, prepared: PreparedData, plan: outdir.Pla
     if plan == "new":
         write_rejects(run.out_dir / PREPARE_REJECTS, prepared.rejects)
         where = f"their reasons are in {run.out_dir / PREPARE_REJECTS}"
-    reasons = Counter(r.reason for r in prepared.rejects)
+    reasons = count_text(Counter(r.reason for r in prepared.rejects))
     return NoValidRecords(f"no valid records in {run.data_path}: {len(prepared.rejects)} rejected "
-                          f"({', '.join(f'{k}: {v}' for k, v in reasons.most_common()) or 'the file holds no record'}"
-                          f"); {where}")
+                          f"({reasons or 'the file holds no record'}); {where}")
 
 
 def run_extract(dcfg: DictConfig) -> RunSummary:
@@ -172,4 +178,5 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
                       num_shards=len(manifest["shards"]), num_rejects=manifest["rejects"]["total"],
                       points=manifest["points"], resumed_shards=sum(r.skipped for r in results),
                       seconds=time.perf_counter() - started, capture_seconds=capture_seconds, gate=outcome,
-                      num_truncated=manifest["num_truncated"], storage=manifest["storage"])
+                      num_truncated=manifest["num_truncated"], storage=manifest["storage"],
+                      rejects_by_reason=manifest["rejects"]["by_reason"])
