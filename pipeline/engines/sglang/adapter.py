@@ -52,7 +52,8 @@ def _device(requested: str) -> str:
 
 
 def _refuse_quantized_on_cpu(model_path: str, quantization: dict[str, Any] | None) -> None:
-    """SGLang 0.5.23 has no CPU kernel for quantized MoE experts here; a dense twin is the honest alternative."""
+    """SGLang 0.5.23 runs no compressed-tensors INT4 scheme on CPU, MoE or dense; a bf16 checkpoint is the honest
+    alternative (docs/engines.md#int4-w4a16-dense-on-cpu)."""
     if not quantization:
         return
     path = Path(model_path)
@@ -61,9 +62,11 @@ def _refuse_quantized_on_cpu(model_path: str, quantization: dict[str, Any] | Non
     raise ValueError(
         f"model.path={model_path!r}: {quantization.get('quant_method')} ({quantization.get('format', '?')}) "
         f"checkpoint, but SGLang 0.5.23 has no INT4 MoE kernel on CPU: it selects the Marlin WNA16 MoE kernel, "
-        f"which is CUDA-only (nothing is dequantized silently). Capture its dense bf16 twin instead ({hint}"
-        f"model=tiny_kimi_bf16 for the tiny target: the same weights with the INT4 experts dequantized), or run "
-        f"engine=sglang on a GPU")
+        f"which is CUDA-only, and its dense WNA16 Linear scheme asks for the CUDA device's capability while loading "
+        f"('Found no NVIDIA driver on your system'); nothing is dequantized silently. Capture a bf16 checkpoint "
+        f"instead ({hint}model=tiny_kimi_bf16 for the tiny target: the same weights with the INT4 experts "
+        f"dequantized; model=smollm2 for the real model's W4A16 twin: the bf16 model it was quantized from), run a "
+        f"dense W4A16 checkpoint with engine=hf or engine=vllm in bfloat16, or run engine=sglang on a GPU")
 
 
 def _refuse_tp_on_cpu(tp: int) -> None:
