@@ -63,6 +63,10 @@ def check_weights(draft: Draft, view: ServerView, target: Target) -> list[Findin
     name = f"{view.framework} {view.version}"
     if view.draft_class is None:
         return []  # aux-capture already says the server cannot read the config
+    if any(t.nan for t in draft.non_finite.values()):  # the probe's sentinel is NaN: a NaN tensor would look dropped
+        return [Finding("WARN", "weights", f"not loaded into {name}'s {view.draft_class}: the draft holds NaN (see "
+                        "finite), which the load probe cannot tell from the parameters a loader leaves unset; weight "
+                        "names not proven until the weights are finite")]
     if view.framework == "vllm" and target.model_dir is None:
         return [Finding("WARN", "weights", f"{name} builds its draft class only over the target's config: pass "
                         "--target MODEL_DIR to prove the weight names by loading the draft")]

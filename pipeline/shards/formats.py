@@ -8,9 +8,9 @@ written; `format_version` keeps what the files say, and every shard of a run car
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Callable
 
+from pipeline.core.jsonfile import parse as parse_json
 from pipeline.shards.storage import NO_SCALING, Storage, parse
 
 CURRENT = "2"
@@ -72,6 +72,7 @@ def shard_storage(text: str | None, version: str, run: Storage) -> Storage:
             raise ValueError(f"no storage record, and the run stores {run.dtype} with scales")
         return run
     try:
-        return parse(json.loads(text))
-    except json.JSONDecodeError as e:
+        value = parse_json(text, ValueError, where="the value")
+    except ValueError as e:
         raise ValueError(f"storage metadata is not JSON: {e}") from None
+    return parse(value)

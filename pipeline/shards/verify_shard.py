@@ -6,7 +6,6 @@ verifying a run needs memory of one chunk, not of one shard.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+from pipeline.core.jsonfile import parse
 from pipeline.core.stfile import TensorInfo, read_header
 from pipeline.shards import layout
 from pipeline.shards.formats import shard_storage
@@ -71,8 +71,8 @@ def _header_problems(name: str, infos: dict[str, TensorInfo], meta: dict[str, st
 def _metadata_problems(name: str, meta: dict[str, str], expect: Expected) -> list[str]:
     problems = []
     try:
-        points = json.loads(meta.get(layout.META_POINTS, "null"))
-    except json.JSONDecodeError:
+        points = parse(meta.get(layout.META_POINTS, "null"), ValueError, where=f"metadata {layout.META_POINTS}")
+    except ValueError:
         points = meta.get(layout.META_POINTS)
     if points != expect.points:
         problems.append(f"{name}: metadata points {points} != manifest points {expect.points}")
