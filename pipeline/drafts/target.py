@@ -84,7 +84,7 @@ def _manifest(run_dir: Path) -> Fields:
         manifest = read_manifest(Path(run_dir))
     except ManifestError as exc:
         raise TargetError(f"--run: {exc}") from None
-    return Fields(manifest, file=f"--run: {manifest_path(run_dir)}", error=TargetError)
+    return Fields(manifest, file=f"--run: manifest {manifest_path(run_dir)}", error=TargetError)
 
 
 def _none(parent: Fields, key: str) -> Fields:
