@@ -9,12 +9,12 @@ target's config, so its probe needs the target's directory (`--target`, or the r
 there); a checkpoint vLLM refuses to load is reported with vLLM's own error."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import tempfile
 from pathlib import Path
 
+from pipeline.core.jsonfile import read
 from pipeline.drafts.checkpoint import Draft
 from pipeline.drafts.report import Finding
 from pipeline.drafts.serving import ServerView
@@ -56,7 +56,7 @@ def run_probe(framework: str, *drafts: Path, target_dir: Path | None = None) -> 
         if proc.returncode != 0 or not out.is_file():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             raise RuntimeError(" / ".join(tail) or f"exit status {proc.returncode}")
-        return json.loads(out.read_text())
+        return read(out, RuntimeError)  # bounded; unreadable: an ERROR finding, as a failed probe is
 
 
 def check_weights(draft: Draft, view: ServerView, target: Target) -> list[Finding]:

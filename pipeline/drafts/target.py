@@ -13,6 +13,7 @@ from typing import Any
 
 from pipeline.core.cli import UsageError
 from pipeline.core.jsonfile import Fields, read_fields
+from pipeline.models.info import text_config
 from pipeline.points import Point, PointError, parse_point
 from pipeline.shards.manifest import ManifestError, manifest_path, read_manifest
 
@@ -53,9 +54,10 @@ def _fields(path: Path, what: str) -> Fields:
 
 
 def _text(config: Fields) -> Fields:
-    """The text model's fields (a Kimi-K2.5 wrapper nests them under `text_config`, see models.info.text_config)."""
-    inner = config.raw("text_config")
-    return config.obj("text_config") if isinstance(inner, dict) and inner else config
+    """The text model's fields (models.info.text_config: a Kimi-K2.5 wrapper nests them)."""
+    inner = text_config(config.value)
+    return config if inner is config.value else Fields(inner, file=config.file, error=config.error,
+                                                       at=config.path("text_config"))
 
 
 def _points(labels, num_layers: int, where: str) -> list[Point]:
