@@ -318,3 +318,16 @@ def test_extract_names_a_start_record_it_cannot_read(finished, tmp_path):
         f"configuration error: out_dir={str(out)!r} holds no run's start record: {out / 'run.json'} nests arrays or "
         f"objects deeper than {MAX_DEPTH} levels; choose another out_dir, or pass overwrite=true to replace that "
         "run"), output(done)[-3000:]
+
+
+def test_extract_names_a_wrong_typed_field_of_the_models_config(models_root, tmp_path):
+    model = tmp_path / "tiny-llama"
+    shutil.copytree(models_root / "tiny-llama", model)
+    edit_json(model / "config.json", lambda c: c.update(num_hidden_layers="six"))
+    done = extract(tmp_path / "run", "model=tiny_llama", "model.build=null", f"model.path={model}", "gate.mode=off")
+    assert done.returncode == ExitCode.USAGE and "Traceback" not in output(done), output(done)[-3000:]
+    lines = [line for line in output(done).splitlines() if "configuration error" in line]
+    assert len(lines) == 1 and lines[0].endswith(
+        f"configuration error: model.path={str(model)!r}: {model / 'config.json'}: num_hidden_layers must be an "
+        "integer, got 'six'"), output(done)[-3000:]
+    assert not (tmp_path / "run").exists()
