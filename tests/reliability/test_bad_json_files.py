@@ -331,3 +331,16 @@ def test_extract_names_a_wrong_typed_field_of_the_models_config(models_root, tmp
         f"configuration error: model.path={str(model)!r}: {model / 'config.json'}: num_hidden_layers must be an "
         "integer, got 'six'"), output(done)[-3000:]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_deeply_nested_marker_is_no_marker_and_the_resume_redoes_its_shard(finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    (out / "manifest.json").unlink()  # unfinished: a rerun resumes it, trusting the markers it can read
+    marker = out / "shards" / "shard-00000.done.json"
+    assert marker.is_file()
+    marker.write_text(DEEP)
+    done = extract(out, "gate.mode=off", "data.limit=6", "runner.max_tokens_per_shard=800")
+    assert done.returncode == ExitCode.OK and "Traceback" not in output(done), output(done)[-3000:]
+    assert json.loads(marker.read_text())["files"]  # rewritten by the shard's redo
+    assert cli("pipeline.verify", str(out)).returncode == ExitCode.OK
