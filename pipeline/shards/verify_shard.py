@@ -70,12 +70,14 @@ def _header_problems(name: str, infos: dict[str, TensorInfo], meta: dict[str, st
 
 def _metadata_problems(name: str, meta: dict[str, str], expect: Expected) -> list[str]:
     problems = []
+    raw = meta.get(layout.META_POINTS, "null")
     try:
-        points = parse(meta.get(layout.META_POINTS, "null"), ValueError, where=f"metadata {layout.META_POINTS}")
-    except ValueError:
-        points = meta.get(layout.META_POINTS)
-    if points != expect.points:
-        problems.append(f"{name}: metadata points {points} != manifest points {expect.points}")
+        points = parse(raw, ValueError, where="it")  # bounded in size and nesting
+    except ValueError as exc:
+        problems.append(f"{name}: metadata points {_short(raw)} != manifest points {expect.points} ({exc})")
+    else:
+        if points != expect.points:
+            problems.append(f"{name}: metadata points {points} != manifest points {expect.points}")
     try:
         storage = shard_storage(meta.get(layout.META_STORAGE), expect.version, expect.storage)
     except ValueError as exc:

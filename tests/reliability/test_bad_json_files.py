@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -290,6 +291,24 @@ def test_a_deeply_nested_start_record_is_a_verify_problem(run):
     assert done.returncode == ExitCode.REFUSED and "Traceback" not in output(done), output(done)[-3000:]
     assert f"run.json is not a run's start record: {run / 'run.json'} nests arrays or objects deeper than " \
            f"{MAX_DEPTH} levels" in done.stderr.splitlines()
+
+
+def test_a_deeply_nested_shard_metadata_value_is_a_verify_problem(run):
+    """A metadata value is JSON inside the safetensors header (a string there): parsed bounded, named, cut short."""
+    path = run / "shards" / "shard-00000.safetensors"
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + length])
+    header["__metadata__"]["points"] = DEEP
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + length:])
+    done = cli("pipeline.verify", str(run))
+    assert done.returncode == ExitCode.REFUSED and "Traceback" not in output(done), output(done)[-3000:]
+    named = [line for line in done.stderr.splitlines() if "metadata points" in line]
+    assert len(named) == 1 and named[0].startswith("shard-00000: metadata points '[[[") and named[0].endswith(
+        f"...' != manifest points {json.loads((run / 'manifest.json').read_text())['points']} (it nests arrays or "
+        f"objects deeper than {MAX_DEPTH} levels)") and len(named[0]) < 400, named
 
 
 def test_an_exports_own_files_are_read_bounded(run, tmp_path, capsys):
