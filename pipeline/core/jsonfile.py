@@ -13,7 +13,6 @@ that is not a bounded, well-formed object.
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -123,13 +122,8 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
-
-
 KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "int": ("an integer", _is_int),
-    "number": ("a finite number", _is_number),
     "str": ("a string", lambda v: isinstance(v, str)),
     "bool": ("true or false", lambda v: isinstance(v, bool)),
     "object": ("an object", lambda v: isinstance(v, dict)),
@@ -141,7 +135,7 @@ class Fields:
     """Typed access to one JSON object's fields; every error is `error` naming the file and the field's path.
 
     `optional=True`: an absent or null field is None. Otherwise an absent field is "missing" and a null one has the
-    wrong type. Integers are never booleans; numbers are finite."""
+    wrong type. An integer is never a boolean, nor a float that happens to be whole."""
 
     def __init__(self, value: Mapping[str, Any], *, file: str, error: type[Exception] = JsonFileError,
                  at: str = "") -> None:
@@ -155,10 +149,6 @@ class Fields:
 
     def has(self, key: str) -> bool:
         return key in self.value
-
-    def raw(self, key: str, default: Any = None) -> Any:
-        """The field as written, unchecked (for a value only copied or compared, never taken apart)."""
-        return self.value.get(key, default)
 
     def _get(self, key: str, kind: str, optional: bool) -> Any:
         value = self.value.get(key, _MISSING)
@@ -180,9 +170,6 @@ class Fields:
             raise self.fail(key, f"must be an integer >= {minimum}, got {shown(value)}")
         return value
 
-    def number(self, key: str, *, optional: bool = False) -> float | None:
-        return self._get(key, "number", optional)
-
     def str(self, key: str, *, optional: bool = False) -> str | None:
         return self._get(key, "str", optional)
 
@@ -194,7 +181,7 @@ class Fields:
         return None if value is None else Fields(value, file=self.file, error=self.error, at=self.path(key))
 
     def list(self, key: str, of: str | None = None, *, optional: bool = False) -> list | None:
-        """An array; with `of` ('int', 'str', 'number', 'bool', 'object') every element of that type."""
+        """An array; with `of` ('int', 'str', 'bool', 'object', 'list') every element of that type."""
         value = self._get(key, "list", optional)
         if value is not None and of is not None:
             items = Fields({}, file=self.file, error=self.error, at=self.path(key))
