@@ -51,17 +51,15 @@ class Tensor:
 
 @dataclass(kw_only=True)
 class Draft:
-    """A draft checkpoint, every config field the doctor uses read by type (DraftError names a wrong one)."""
+    """A draft checkpoint: every config field the doctor uses, read by type (DraftError names a wrong one); a check
+    that needs another field adds it here, read in `read_draft`."""
     path: Path
     format: str
     architecture: str
-    config: dict[str, Any]  # config.json as written
-    layer_config: dict[str, Any]  # the decoder layer's config (speculators nests it)
-    hidden_size: int
+    hidden_size: int  # the decoder layer's (speculators nests its config in transformer_layer_config)
     vocab_size: int | None  # the target vocabulary the draft maps into
     draft_vocab_size: int | None
     target_hidden_size: int | None  # None: the draft's hidden size
-    eagle_config: dict[str, Any] | None
     eagle_config_aux_ids: list[int] | None  # `eagle_config.eagle_aux_hidden_state_layer_ids` (None: absent or empty)
     top_level_aux_ids: list[int] | None  # `eagle_aux_hidden_state_layer_ids` at the top level (speculators, vLLM)
     use_aux_hidden_state: bool | None  # `eagle_config.use_aux_hidden_state` (None: absent, the servers' true)
@@ -168,6 +166,5 @@ def read_draft(path: Path) -> Draft:
     if "fc.weight" not in tensors:
         raise DraftError(f"{path}: no fc.weight in its safetensors (an EAGLE-3 draft projects its aux states with "
                          f"fc; found {', '.join(sorted(tensors)[:8])}{' ...' if len(tensors) > 8 else ''})")
-    return Draft(path=path, format=fmt, architecture=archs[0], config=dict(config.value),
-                 layer_config=dict(layer.value), hidden_size=hidden_size,
-                 eagle_config=dict(eagle.value) if eagle else None, tensors=tensors, vocab_maps=maps, **typed)
+    return Draft(path=path, format=fmt, architecture=archs[0], hidden_size=hidden_size, tensors=tensors,
+                 vocab_maps=maps, **typed)
