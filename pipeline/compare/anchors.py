@@ -7,7 +7,6 @@ Only the tensors needed are read, by name, through safetensors; the model is nev
 """
 from __future__ import annotations
 
-import json
 import re
 from functools import cached_property
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any, Sequence
 import torch
 from safetensors import safe_open
 
+from pipeline.core.jsonfile import read_fields, read_object
 from pipeline.models.info import text_config
 
 _FINAL_NORM = re.compile(r"(^|\.)norm\.weight$")
@@ -47,7 +47,7 @@ class Checkpoint:
 
     def __init__(self, model_dir: str | Path) -> None:
         self.path = Path(model_dir)
-        self.config = json.loads((self.path / "config.json").read_text())
+        self.config = read_object(self.path / "config.json", ValueError)
         self.text = text_config(self.config)
 
     @cached_property
@@ -55,7 +55,7 @@ class Checkpoint:
         """tensor name -> file."""
         index = self.path / "model.safetensors.index.json"
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = read_fields(index, ValueError).obj("weight_map").value
             return {k: self.path / v for k, v in weight_map.items()}
         names: dict[str, Path] = {}
         for f in sorted(self.path.glob("*.safetensors")):

@@ -7,7 +7,6 @@ into the manifest and every shard.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from pipeline.compare.kinds import PairKind, Role, Status, Step
 from pipeline.compare.metrics import PointStats
 from pipeline.compare.probe import ProbeCapture, ProbeRequest
 from pipeline.core.contracts import EngineSpec
+from pipeline.core.jsonfile import read
 from pipeline.points import parse_points
 
 FORMAT = "pipeline.diff/1"
@@ -135,7 +135,7 @@ def load(report_dir: Path) -> DiffResult:
         raise FileNotFoundError(f"{path}: no such file (a report directory holds report.json: the run's diff/, or "
                                 "the out_dir of python -m pipeline.diff)")
     try:
-        return from_dict(json.loads(path.read_text()))
+        return from_dict(read(path, ValueError))  # bounded in size and nesting
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a readable {FORMAT} report ({type(e).__name__}: {e})") from e
 

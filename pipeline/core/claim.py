@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.core.cli import RunFailed, UsageError
+from pipeline.core import jsonfile
 from pipeline.core.io import FILE_MODE
 
 log = logging.getLogger(__name__)
@@ -61,20 +62,29 @@ class Lease:
         return not self.released and time.time() - self.heartbeat < STALE_SECONDS
 
 
+_LEASE_TYPES = {"pid": int, "host": str, "token": str, "started_utc": str, "heartbeat": (int, float), "released": bool}
+
+
+def _typed(lease: Lease) -> bool:
+    """Every field of the type a lease's writer gives it (a foreign or edited file is no lease)."""
+    return all(isinstance(getattr(lease, name), kind) for name, kind in _LEASE_TYPES.items())
+
+
 def read_lease(lock_path: Path) -> Lease | None:
     """The lease in `lock_path`, or None when there is none (or it cannot be read: a torn or foreign file)."""
     for _ in range(3):  # a renewal may be in the middle of rewriting it
         try:
-            raw = json.loads(Path(lock_path).read_text(encoding="utf-8") or "null")
+            raw = jsonfile.parse(Path(lock_path).read_bytes() or b"null", where=str(lock_path))  # bounded
         except FileNotFoundError:
             return None
         except (OSError, ValueError):
             time.sleep(0.02)
             continue
         try:
-            return Lease(**raw) if isinstance(raw, dict) else None
+            lease = Lease(**raw) if isinstance(raw, dict) else None
         except TypeError:
             return None
+        return lease if lease is not None and _typed(lease) else None
     return None
 
 

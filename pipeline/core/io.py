@@ -28,20 +28,6 @@ def sha256_file(path: Path, limit: int | None = None) -> str:
     return digest.hexdigest()
 
 
-def read_json_object(path: Path, error: type[Exception], *, prefix: str = "", missing_hint: str = "") -> dict[str, Any]:
-    """The JSON object in `path`; `error` (its message starting with `prefix`) when it is missing, unreadable or not
-    an object."""
-    if not path.is_file():
-        raise error(f"{prefix}{path} does not exist{missing_hint}")
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise error(f"{prefix}{path} is not readable JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise error(f"{prefix}{path} holds a JSON {type(value).__name__}, not an object")
-    return value
-
-
 def sha256_json(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 

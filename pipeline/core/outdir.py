@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from pipeline.core import jsonfile
 from pipeline.core.faults import fault_point
 from pipeline.core.io import sha256_file, write_text_atomic
 
@@ -104,11 +105,7 @@ def write_json(path: Path, record: Mapping[str, Any]) -> None:
 
 def read_record(path: Path) -> dict | None:
     """The JSON object in `path`; None when there is none, or it is torn or not an object (a crash's leftover)."""
-    try:
-        value = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
+    return jsonfile.read_lenient(Path(path))  # bounded in size and nesting: a foreign file is no record either
 
 
 def file_records(root: Path, paths: Iterable[Path]) -> dict[str, dict[str, Any]]:

@@ -23,6 +23,8 @@ from typing import BinaryIO, Iterable, Mapping
 import numpy as np
 import torch
 
+from pipeline.core import jsonfile
+
 _ALIGN = 8
 _MAX_HEADER_BYTES = 100 << 20  # a guard against reading a corrupt length as a huge allocation
 _MAX_PENDING = 64 << 20  # bytes written but not yet hashed
@@ -171,9 +173,9 @@ def _tensor_infos(raw: bytes, data_start: int, where: str) -> tuple[dict[str, Te
     """Tensor infos (absolute offsets) and metadata from the JSON header of an image whose data start at
     `data_start`."""
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{where}: header is not valid JSON ({exc})") from exc
+        header = jsonfile.parse(raw, ValueError, where="header", max_bytes=_MAX_HEADER_BYTES)  # nesting bounded
+    except ValueError as exc:
+        raise ValueError(f"{where}: header is not valid JSON ({exc})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{where}: header is a {type(header).__name__}, not an object")
     metadata = header.pop("__metadata__", None) or {}

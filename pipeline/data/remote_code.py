@@ -10,12 +10,12 @@ cannot.
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.io import sha256_file
+from pipeline.core.jsonfile import read_lenient
 
 log = logging.getLogger(__name__)
 SETTING = "model.trust_remote_code"
@@ -28,11 +28,7 @@ class RemoteCodeError(ValueError):
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
+    return read_lenient(path) or {}  # bounded in size and nesting; a file that is no JSON object declares nothing
 
 
 def _modules(references: Any) -> list[str]:

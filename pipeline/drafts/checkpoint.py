@@ -24,42 +24,49 @@ import torch
 from safetensors import safe_open
 
 from pipeline.core.cli import UsageError
-from pipeline.core.io import read_json_object
+from pipeline.core.jsonfile import Fields, read_fields
 
 FORMATS = ("specforge", "speculators", "mla")
 _VOCAB_MAPS = ("d2t", "t2d")
+_SCAN_ELEMENTS = 1 << 24  # the finiteness scan reads a tensor this many elements at a time (memory stays bounded)
+_FLOATS = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 
 
 class DraftError(UsageError, ValueError):
-    """A draft directory that cannot be read: named file missing, not JSON, or no EAGLE-3 draft at all."""
+    """A draft directory that cannot be read: named file missing, not JSON, a config field of the wrong type, or no
+    EAGLE-3 draft at all."""
 
 
 @dataclass(frozen=True)
 class Tensor:
     shape: tuple[int, ...]
     dtype: str
+    nan: int = 0  # NaN elements (floating-point tensors)
+    inf: int = 0  # +-inf elements
+
+    @property
+    def finite(self) -> bool:
+        return not (self.nan or self.inf)
 
 
 @dataclass(kw_only=True)
 class Draft:
+    """A draft checkpoint: every config field the doctor uses, read by type (DraftError names a wrong one); a check
+    that needs another field adds it here, read in `read_draft`."""
     path: Path
     format: str
     architecture: str
-    config: dict[str, Any]  # config.json as written
-    layer_config: dict[str, Any]  # the decoder layer's config (speculators nests it)
-    hidden_size: int
+    hidden_size: int  # the decoder layer's (speculators nests its config in transformer_layer_config)
     vocab_size: int | None  # the target vocabulary the draft maps into
     draft_vocab_size: int | None
     target_hidden_size: int | None  # None: the draft's hidden size
-    eagle_config: dict[str, Any] | None
+    eagle_config_aux_ids: list[int] | None  # `eagle_config.eagle_aux_hidden_state_layer_ids` (None: absent or empty)
     top_level_aux_ids: list[int] | None  # `eagle_aux_hidden_state_layer_ids` at the top level (speculators, vLLM)
+    use_aux_hidden_state: bool | None  # `eagle_config.use_aux_hidden_state` (None: absent, the servers' true)
+    num_aux_hidden_states: int | None  # the decoder layer config's explicit aux count
+    norm_output: bool | None  # the decoder layer config's `norm_output` (None: absent)
     tensors: dict[str, Tensor]
     vocab_maps: dict[str, torch.Tensor] = field(default_factory=dict)  # d2t / t2d, loaded (small)
-
-    @property
-    def eagle_config_aux_ids(self) -> list[int] | None:
-        ids = (self.eagle_config or {}).get("eagle_aux_hidden_state_layer_ids")
-        return list(ids) if ids else None
 
     @property
     def fc_in(self) -> int | None:
@@ -70,26 +77,47 @@ class Draft:
     def input_width(self) -> int:
         return self.target_hidden_size or self.hidden_size
 
+    @property
+    def non_finite(self) -> dict[str, Tensor]:
+        """The tensors holding NaN or inf, by name."""
+        return {name: t for name, t in self.tensors.items() if not t.finite}
 
-def _read_json(path: Path) -> dict[str, Any]:
-    return read_json_object(path, DraftError,
-                            missing_hint=" (a draft directory holds config.json and *.safetensors)")
 
-
-def schema_of(config: dict[str, Any]) -> str:
-    archs = config.get("architectures") or []
-    if config.get("speculators_model_type") or config.get("speculators_config"):
-        if config.get("speculators_model_type", "eagle3") != "eagle3":
-            raise DraftError(f"speculators_model_type {config['speculators_model_type']!r} is not an EAGLE-3 draft "
-                             "(the doctor reads eagle3)")
+def schema_of(config: Fields) -> str:
+    archs = config.list("architectures", "str", optional=True) or []
+    model_type = config.str("speculators_model_type", optional=True)
+    if model_type is not None or config.obj("speculators_config", optional=True) is not None:
+        if (model_type or "eagle3") != "eagle3":
+            raise DraftError(f"speculators_model_type {model_type!r} is not an EAGLE-3 draft (the doctor reads eagle3)")
         return "speculators"
-    if any("Deepseek" in a and "Eagle3" in a for a in archs) or "kv_lora_rank" in config:
+    if any("Deepseek" in a and "Eagle3" in a for a in archs) or config.has("kv_lora_rank"):
         return "mla"
-    if any("Eagle3" in a for a in archs) or "eagle_config" in config or "draft_vocab_size" in config:
+    if any("Eagle3" in a for a in archs) or config.has("eagle_config") or config.has("draft_vocab_size"):
         return "specforge"
     raise DraftError(f"config.json architectures {archs} is no EAGLE-3 draft the doctor knows: "
                      "LlamaForCausalLMEagle3 (SpecForge/SGLang), Eagle3Speculator (speculators), "
                      "Eagle3DeepseekV2ForCausalLM (MLA)")
+
+
+def _count_non_finite(f: Any, name: str, shape: tuple[int, ...], dtype: str) -> tuple[int, int]:
+    """(NaN, inf) elements of a floating-point tensor, read a bounded slice at a time; (0, 0) for other dtypes."""
+    if not (dtype in _FLOATS or dtype.startswith("F8")):
+        return 0, 0
+    numel = 1
+    for n in shape:
+        numel *= n
+    if not numel:
+        return 0, 0
+    rows = shape[0] if shape else 1
+    step = max(1, _SCAN_ELEMENTS // max(1, numel // rows))
+    nan = inf = 0
+    for begin in range(0, rows, step):
+        x = f.get_tensor(name) if not shape or step >= rows else f.get_slice(name)[begin:begin + step]
+        x = x if x.dtype in _FLOATS.values() else x.float()  # float8: isnan is float32's (e4m3 max 448 fits)
+        nan, inf = nan + int(torch.isnan(x).sum()), inf + int(torch.isinf(x).sum())
+        if not shape or step >= rows:
+            break
+    return nan, inf
 
 
 def _tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, torch.Tensor]]:
@@ -102,7 +130,8 @@ def _tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, torch.Tensor]]:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
                     piece = f.get_slice(name)
-                    tensors[name] = Tensor(tuple(piece.get_shape()), str(piece.get_dtype()))
+                    shape, dtype = tuple(piece.get_shape()), str(piece.get_dtype())
+                    tensors[name] = Tensor(shape, dtype, *_count_non_finite(f, name, shape, dtype))
                     if name.rsplit(".", 1)[-1] in _VOCAB_MAPS:
                         maps[name.rsplit(".", 1)[-1]] = f.get_tensor(name)
         except Exception as exc:  # safetensors raises its own error types for a damaged header
@@ -110,26 +139,32 @@ def _tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, torch.Tensor]]:
     return tensors, maps
 
 
+def _aux_ids(fields: Fields | None) -> list[int] | None:
+    ids = fields.list("eagle_aux_hidden_state_layer_ids", "int", optional=True) if fields is not None else None
+    return list(ids) if ids else None
+
+
 def read_draft(path: Path) -> Draft:
     path = Path(path)
     if not path.is_dir():
         raise DraftError(f"draft directory {path} does not exist")
-    config = _read_json(path / "config.json")
+    config = read_fields(path / "config.json", DraftError,
+                         missing_hint=" (a draft directory holds config.json and *.safetensors)")
     fmt = schema_of(config)
-    layer = config.get("transformer_layer_config") or {} if fmt == "speculators" else config
-    if not isinstance(layer, dict) or "hidden_size" not in layer:
-        raise DraftError(f"{path / 'config.json'}: no hidden_size"
-                         + (" in transformer_layer_config" if fmt == "speculators" else ""))
+    layer = config.obj("transformer_layer_config") if fmt == "speculators" else config
+    hidden_size = layer.int("hidden_size", minimum=1)
+    eagle = config.obj("eagle_config", optional=True)
+    archs = config.list("architectures", "str", optional=True) or ["?"]
+    typed = dict(vocab_size=layer.int("vocab_size", optional=True, minimum=1),
+                 draft_vocab_size=config.int("draft_vocab_size", optional=True, minimum=1),
+                 target_hidden_size=config.int("target_hidden_size", optional=True, minimum=1),
+                 eagle_config_aux_ids=_aux_ids(eagle), top_level_aux_ids=_aux_ids(config),
+                 use_aux_hidden_state=eagle.bool("use_aux_hidden_state", optional=True) if eagle else None,
+                 num_aux_hidden_states=layer.int("num_aux_hidden_states", optional=True, minimum=1),
+                 norm_output=layer.bool("norm_output", optional=True))
     tensors, maps = _tensors(path)
     if "fc.weight" not in tensors:
         raise DraftError(f"{path}: no fc.weight in its safetensors (an EAGLE-3 draft projects its aux states with "
                          f"fc; found {', '.join(sorted(tensors)[:8])}{' ...' if len(tensors) > 8 else ''})")
-    archs = config.get("architectures") or ["?"]
-    eagle_config = config.get("eagle_config")
-    top_ids = config.get("eagle_aux_hidden_state_layer_ids")
-    return Draft(path=path, format=fmt, architecture=archs[0], config=config, layer_config=layer,
-                 hidden_size=int(layer["hidden_size"]), vocab_size=layer.get("vocab_size"),
-                 draft_vocab_size=config.get("draft_vocab_size"),
-                 target_hidden_size=config.get("target_hidden_size"),
-                 eagle_config=eagle_config if isinstance(eagle_config, dict) else None,
-                 top_level_aux_ids=list(top_ids) if top_ids else None, tensors=tensors, vocab_maps=maps)
+    return Draft(path=path, format=fmt, architecture=archs[0], hidden_size=hidden_size, tensors=tensors,
+                 vocab_maps=maps, **typed)

@@ -49,6 +49,7 @@ def examine(request: Request, weights: WeightsCheck | None = None) -> tuple[list
     found: list[Finding] = [features.check_capture(server, target.hidden_size)]
     found += features.check_aux_ids(draft, server, target)
     found += features.check_fc(draft, server, target)
+    found.append(fit.check_finite(draft))
     if weights is not None:
         found += weights(draft, server, target)
     found.append(fit.check_hidden(draft, target))

@@ -153,7 +153,7 @@ def check_norm_output(draft: Draft) -> Finding:
     3.1), default false; SpecForge 0.2.0's draft reads the same key as whether its logits go through its norm (default
     true) and always feeds the pre-norm state back
     (docs/engines.md#eagle-3-drafts-what-sglang-0523-and-vllm-032-read)."""
-    value = draft.layer_config.get("norm_output")
+    value = draft.norm_output
     if draft.format != "specforge":
         return Finding("OK", "draft-norm", f"norm_output {bool(value)}: the same meaning in the trainer and the "
                        "servers (true: the post-norm state feeds the next draft step)")

@@ -1,7 +1,8 @@
-"""Checks on sizes and vocabularies (draft against target), d2t/t2d, the serving flags, and the capture engine's
-kernels against the serving ones."""
+"""Checks on the draft's weights being finite, sizes and vocabularies (draft against target), d2t/t2d, the serving
+flags, and the capture engine's kernels against the serving ones."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -11,6 +12,23 @@ from pipeline.drafts.flags import Flags, backend_flag, draft_path_flag
 from pipeline.drafts.report import Finding
 from pipeline.drafts.serving import ServerView
 from pipeline.drafts.target import Target
+
+
+def check_finite(draft: Draft) -> Finding:
+    """NaN or inf in any floating-point tensor (counted by checkpoint.read_draft, every element): a server runs the
+    draft as it is, so every token it proposes from them is garbage and acceptance falls to zero without an error."""
+    bad = draft.non_finite
+    if not bad:
+        return Finding("OK", "finite", f"every floating-point value of the draft's {len(draft.tensors)} tensors is "
+                       "finite")
+    named = [f"{name} ({_count(t)} of {math.prod(t.shape)})" for name, t in sorted(bad.items())]
+    return Finding("ERROR", "finite", f"{len(bad)} of the draft's {len(draft.tensors)} tensors hold non-finite "
+                   f"values: {', '.join(named[:6])}{' ...' if len(named) > 6 else ''}; a server would serve them as "
+                   "they are (every proposed token garbage): re-save the draft from a checkpoint without NaN/inf")
+
+
+def _count(t) -> str:
+    return " and ".join(part for part in (f"{t.nan} NaN" if t.nan else "", f"{t.inf} inf" if t.inf else "") if part)
 
 
 def check_hidden(draft: Draft, target: Target) -> Finding:

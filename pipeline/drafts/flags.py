@@ -11,12 +11,12 @@ draft path's name decides: "eagle3" in it means EAGLE-3, "eagle-" EAGLE-1, else 
 """
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.cli import UsageError
+from pipeline.core.jsonfile import parse as parse_json
 
 
 class FlagsError(UsageError, ValueError):
@@ -97,8 +97,8 @@ def _vllm(flags: Flags) -> None:
     if text is None:
         return
     try:
-        config = json.loads(str(text))
-    except json.JSONDecodeError as exc:
+        config = parse_json(str(text), ValueError, where="the value")  # bounded: a deeply nested value is named too
+    except ValueError as exc:
         flags.problems.append(f"--speculative-config is not JSON ({exc}); quote it as one word: "
                               "--speculative-config '{\"method\": \"eagle3\", ...}'")
         return

@@ -9,12 +9,12 @@ target's config, so its probe needs the target's directory (`--target`, or the r
 there); a checkpoint vLLM refuses to load is reported with vLLM's own error."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import tempfile
 from pathlib import Path
 
+from pipeline.core.jsonfile import read
 from pipeline.drafts.checkpoint import Draft
 from pipeline.drafts.report import Finding
 from pipeline.drafts.serving import ServerView
@@ -56,13 +56,17 @@ def run_probe(framework: str, *drafts: Path, target_dir: Path | None = None) -> 
         if proc.returncode != 0 or not out.is_file():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             raise RuntimeError(" / ".join(tail) or f"exit status {proc.returncode}")
-        return json.loads(out.read_text())
+        return read(out, RuntimeError)  # bounded; unreadable: an ERROR finding, as a failed probe is
 
 
 def check_weights(draft: Draft, view: ServerView, target: Target) -> list[Finding]:
     name = f"{view.framework} {view.version}"
     if view.draft_class is None:
         return []  # aux-capture already says the server cannot read the config
+    if any(t.nan for t in draft.non_finite.values()):  # the probe's sentinel is NaN: a NaN tensor would look dropped
+        return [Finding("WARN", "weights", f"not loaded into {name}'s {view.draft_class}: the draft holds NaN (see "
+                        "finite), which the load probe cannot tell from the parameters a loader leaves unset; weight "
+                        "names not proven until the weights are finite")]
     if view.framework == "vllm" and target.model_dir is None:
         return [Finding("WARN", "weights", f"{name} builds its draft class only over the target's config: pass "
                         "--target MODEL_DIR to prove the weight names by loading the draft")]

@@ -59,9 +59,8 @@ def _server_ids(draft: Draft, framework: str) -> tuple[list[int] | None, str]:
 def _num_aux(draft: Draft) -> int:
     """Both servers: num_aux_hidden_states, else len(eagle_config ids), else 3. A speculators config reaches vLLM
     converted (its transformer_layer_config plus a few fields): no eagle_config, so its fc is sized for 3."""
-    explicit = draft.layer_config.get("num_aux_hidden_states")
-    if explicit:
-        return int(explicit)
+    if draft.num_aux_hidden_states:
+        return draft.num_aux_hidden_states
     ids = draft.eagle_config_aux_ids
     return len(ids) if ids else 3
 
@@ -71,7 +70,7 @@ def view(draft: Draft, framework: str, *, model_type: str, architecture: str | N
     version = version or DEFAULT_VERSIONS[framework]
     row, known = numbering_for(framework, model_type=model_type, architecture=architecture, version=version)
     ids, where = _server_ids(draft, framework)
-    use_aux = bool((draft.eagle_config or {}).get("use_aux_hidden_state", True))
+    use_aux = draft.use_aux_hidden_state is not False
     num_aux = _num_aux(draft)
     return ServerView(framework=framework, version=version, version_known=known, numbering=row,
                       draft_class=_DRAFT_CLASSES[(framework, draft.format)], ids=ids, ids_from=where,

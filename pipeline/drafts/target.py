@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.cli import UsageError
-from pipeline.core.io import read_json_object
+from pipeline.core.jsonfile import Fields, read_fields
 from pipeline.models.info import text_config
 from pipeline.points import Point, PointError, parse_point
-from pipeline.shards.manifest import ManifestError, read_manifest
+from pipeline.shards.manifest import ManifestError, manifest_path, read_manifest
 
 EXPORT_SIDECAR = "export.json"  # pipeline.exports.sidecar.SIDECAR (the doctor reads it, it does not import exports)
 
@@ -49,8 +49,15 @@ class Target:
     model_dir: Path | None = None  # the target's directory when it is here (vLLM builds a draft only over its config)
 
 
-def _json(path: Path, what: str) -> dict[str, Any]:
-    return read_json_object(path, TargetError, prefix=f"{what}: ")
+def _fields(path: Path, what: str) -> Fields:
+    return read_fields(path, TargetError, prefix=f"{what}: ")
+
+
+def _text(config: Fields) -> Fields:
+    """The text model's fields (models.info.text_config: a Kimi-K2.5 wrapper nests them)."""
+    inner = text_config(config.value)
+    return config if inner is config.value else Fields(inner, file=config.file, error=config.error,
+                                                       at=config.path("text_config"))
 
 
 def _points(labels, num_layers: int, where: str) -> list[Point]:
@@ -61,59 +68,94 @@ def _points(labels, num_layers: int, where: str) -> list[Point]:
 
 
 def from_model_dir(target: Target, model_dir: Path) -> None:
-    config = _json(Path(model_dir) / "config.json", "--target")
-    text = text_config(config)
-    archs = config.get("architectures") or [None]
-    target.model_type = target.model_type or config.get("model_type")
+    config = _fields(Path(model_dir) / "config.json", "--target")
+    text = _text(config)
+    archs = config.list("architectures", "str", optional=True) or [None]
+    target.model_type = target.model_type or config.str("model_type", optional=True)
     target.architecture = target.architecture or archs[0]
-    target.num_layers = target.num_layers or text.get("num_hidden_layers")
-    target.hidden_size = target.hidden_size or text.get("hidden_size")
-    target.vocab_size = target.vocab_size or text.get("vocab_size") or config.get("vocab_size")
+    target.num_layers = target.num_layers or text.int("num_hidden_layers", optional=True, minimum=1)
+    target.hidden_size = target.hidden_size or text.int("hidden_size", optional=True, minimum=1)
+    target.vocab_size = target.vocab_size or text.int("vocab_size", optional=True, minimum=1) \
+        or config.int("vocab_size", optional=True, minimum=1)
     target.model_dir = Path(model_dir)
     target.sources.append(f"target {model_dir}")
 
 
-def from_run(target: Target, run_dir: Path, *, features: bool = True) -> None:
+def _manifest(run_dir: Path) -> Fields:
     try:
         manifest = read_manifest(Path(run_dir))
     except ManifestError as exc:
         raise TargetError(f"--run: {exc}") from None
-    prov = manifest.get("provenance") or {}
-    model = prov.get("model") or {}
-    target.model_type = model.get("model_type")
-    target.architecture = model.get("architecture")
-    target.num_layers = model.get("num_layers")
-    target.hidden_size = manifest.get("hidden_size") or model.get("hidden_size")
-    target.engine = prov.get("engine") or {}
-    target.diff = prov.get("diff")
+    return Fields(manifest, file=f"--run: manifest {manifest_path(run_dir)}", error=TargetError)
+
+
+def _none(parent: Fields, key: str) -> Fields:
+    """An absent object's (empty) fields: every optional field of it is None."""
+    return Fields({}, file=parent.file, error=parent.error, at=parent.path(key))
+
+
+def _engine(prov: Fields) -> dict[str, Any]:
+    """provenance.engine, its quantization record an object (the kernels check reads its kernel)."""
+    engine = prov.obj("engine", optional=True)
+    if engine is None:
+        return {}
+    engine.obj("quantization", optional=True)
+    return dict(engine.value)
+
+
+def _diff(prov: Fields) -> dict[str, Any] | None:
+    """provenance.diff (the gate's summary), each of its pairs an object."""
+    diff = prov.obj("diff", optional=True)
+    if diff is None:
+        return None
+    pairs = diff.obj("pairs", optional=True)
+    for name in pairs.value if pairs is not None else ():
+        pairs.obj(name)
+    return dict(diff.value)
+
+
+def from_run(target: Target, run_dir: Path, *, features: bool = True) -> None:
+    manifest = _manifest(run_dir)
+    prov = manifest.obj("provenance", optional=True) or _none(manifest, "provenance")
+    model = prov.obj("model", optional=True) or _none(prov, "model")
+    target.model_type = model.str("model_type", optional=True)
+    target.architecture = model.str("architecture", optional=True)
+    target.num_layers = model.int("num_layers", optional=True, minimum=1)
+    target.hidden_size = manifest.int("hidden_size", optional=True) or model.int("hidden_size", optional=True)
+    target.engine, target.diff = _engine(prov), _diff(prov)
     target.sources.append(f"run {run_dir}")
     if features:
         target.features = Features(aux=None, last=None, trainer_format=None, source=f"run {run_dir}",
-                                   run_points=_points(manifest["points"], target.num_layers, f"{run_dir} manifest"))
-    model_path = model.get("path")
+                                   run_points=_points(manifest.list("points", "str"), target.num_layers,
+                                                      f"{run_dir} manifest"))
+    model_path = model.str("path", optional=True)
     if model_path and (Path(model_path) / "config.json").is_file():  # the vocabulary is not in provenance
-        target.vocab_size = text_config(_json(Path(model_path) / "config.json", "run model")).get("vocab_size")
+        target.vocab_size = _text(_fields(Path(model_path) / "config.json", "run model")).int(
+            "vocab_size", optional=True, minimum=1)
         target.model_dir = Path(model_path)
 
 
 def from_export(target: Target, export_dir: Path) -> None:
-    sidecar = _json(Path(export_dir) / EXPORT_SIDECAR, "--export (an export is complete once export.json is written)")
-    model = sidecar.get("model") or {}
-    run_dir = sidecar.get("run_dir")
+    sidecar = _fields(Path(export_dir) / EXPORT_SIDECAR,
+                      "--export (an export is complete once export.json is written)")
+    model = sidecar.obj("model", optional=True) or _none(sidecar, "model")
+    run_dir = sidecar.str("run_dir", optional=True)
     if run_dir and Path(run_dir, "manifest.json").is_file():
         from_run(target, Path(run_dir), features=False)
-    target.model_type = target.model_type or model.get("model_type")
-    target.num_layers = target.num_layers or model.get("num_layers")
-    target.hidden_size = target.hidden_size or sidecar.get("hidden_size")
+    target.model_type = target.model_type or model.str("model_type", optional=True)
+    target.num_layers = target.num_layers or model.int("num_layers", optional=True, minimum=1)
+    target.hidden_size = target.hidden_size or sidecar.int("hidden_size", optional=True)
     if target.num_layers is None:
         raise TargetError(f"--export: {export_dir / EXPORT_SIDECAR} names no model.num_layers")
     where = f"{export_dir / EXPORT_SIDECAR}"
-    slots = sidecar.get("slots") or []
-    aux = _points([s["point"] for s in slots if s.get("role") == "aux"], target.num_layers, where)
-    last = _points([s["point"] for s in slots if s.get("role") == "last"], target.num_layers, where)
-    target.features = Features(aux=aux, last=last[0] if last else None, trainer_format=sidecar.get("format"),
-                               run_points=_points(sidecar.get("run_points") or [], target.num_layers, where),
-                               source=f"export {export_dir} ({sidecar.get('format')})")
+    slots = [(s.str("role"), s.str("point")) for s in sidecar.objects("slots", optional=True)]
+    aux = _points([point for role, point in slots if role == "aux"], target.num_layers, where)
+    last = _points([point for role, point in slots if role == "last"], target.num_layers, where)
+    trainer_format = sidecar.str("format", optional=True)
+    target.features = Features(aux=aux, last=last[0] if last else None, trainer_format=trainer_format,
+                               run_points=_points(sidecar.list("run_points", "str", optional=True) or [],
+                                                  target.num_layers, where),
+                               source=f"export {export_dir} ({trainer_format})")
     target.sources.append(f"export {export_dir}")
 
 

@@ -94,7 +94,7 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
     manifest = _manifest(run_dir)
     if (why := run_conflict(out, itself=True)) is not None:
         raise ExportError(f"--out {out} {why}")
-    num_layers = (manifest.get("provenance") or {}).get("model", {}).get("num_layers")
+    num_layers = ((manifest.get("provenance") or {}).get("model") or {}).get("num_layers")
     if not isinstance(num_layers, int):
         raise ExportError(f"run {run_dir}: its manifest's provenance has no model.num_layers, so bN is unknown")
     plan = plan_slots(exporter.layout, run_points=manifest["points"], num_layers=num_layers, aux=aux, last=last)

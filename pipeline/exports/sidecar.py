@@ -9,12 +9,12 @@ What OUT holds is the trainer's files (`Exporter.files`) plus these two (`export
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline.core.claim import DirClaim
 from pipeline.core.io import sha256_file, sha256_json
+from pipeline.core.jsonfile import read_object
 from pipeline.core.outdir import Layout, remove, write_json
 from pipeline.exports.slots import ExportError, SlotPlan, TrainerLayout, serving_ids
 from pipeline.shards import attestation
@@ -75,9 +75,9 @@ def status(out: Path, record: Mapping[str, Any]) -> str:
         path = out / name
         if path.is_file():
             try:
-                found = json.loads(path.read_text(encoding="utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise ExportError(f"{path} is not valid JSON ({exc}); remove {out} or choose another --out")
+                found = read_object(path, ExportError)  # bounded in size and nesting
+            except ExportError as exc:
+                raise ExportError(f"{exc}; remove {out} or choose another --out") from None
             got = found.get("plan_sha256") if name == SIDECAR else sha256_json(found)
             if got != want:
                 theirs = {k: found.get(k) for k in ("format", "run_provenance_digest", "slots")}

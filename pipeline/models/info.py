@@ -1,11 +1,11 @@
 """What a checkpoint directory says about its model, read from config.json without loading any weights."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.jsonfile import Fields, read_fields
 from pipeline.points import family_of
 
 
@@ -36,21 +36,23 @@ def read_model_info(path: str | Path) -> ModelInfo:
         raise FileNotFoundError(f"model.path={str(path)!r}: no such directory")
     if not config_file.is_file():
         raise FileNotFoundError(f"model.path={str(path)!r}: no config.json in it (not a checkpoint directory)")
-    try:
-        config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"model.path={str(path)!r}: config.json is not valid JSON ({e})") from e
+    fields = read_fields(config_file, ValueError, prefix=f"model.path={str(path)!r}: ")  # bounded, typed
+    config = fields.value
     text = text_config(config)
     missing = [k for k in ("model_type", "num_hidden_layers", "hidden_size") if k not in text]
     if missing:
         raise ValueError(f"model.path={str(path)!r}: config.json lacks {missing}")
+    typed = Fields(text, file=fields.file, error=ValueError, at="" if text is config else "text_config")
+    quantization = fields.obj("quantization_config", optional=True)
+    if quantization is None or not quantization.value:
+        quantization = typed.obj("quantization_config", optional=True)
     return ModelInfo(
         path=path,
-        model_type=text["model_type"],
-        architecture=(config.get("architectures") or ["?"])[0],
+        model_type=typed.str("model_type"),
+        architecture=(fields.list("architectures", "str", optional=True) or ["?"])[0],
         family=family_of(text["model_type"]),
-        num_layers=int(text["num_hidden_layers"]),
-        hidden_size=int(text["hidden_size"]),
+        num_layers=typed.int("num_hidden_layers", minimum=1),
+        hidden_size=typed.int("hidden_size", minimum=1),
         torch_dtype=str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "float32"),
-        quantization=config.get("quantization_config") or text.get("quantization_config"),
+        quantization=dict(quantization.value) if quantization is not None and quantization.value else None,
     )

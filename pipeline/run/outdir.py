@@ -12,13 +12,13 @@ process was given overwrite=true.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
 from pipeline.config import ConfigError
 from pipeline.core.claim import DirClaim
 from pipeline.core.claim import check_lease as claim_check
+from pipeline.core.jsonfile import read_object
 from pipeline.core.outdir import changed, remove, write_json
 from pipeline.shards.layout import DIFF_DIR, LOCK_NAME, MANIFEST_NAME, RUN, RUN_FILE
 from pipeline.shards.manifest import is_finished
@@ -37,13 +37,25 @@ def _resume_hint(previous: dict, record: dict) -> str:
     return f"resume it with the same settings and the code it started with (git commit {code['git_commit']}{dirty})"
 
 
+def _start_record(out: Path, marker: Path, *, overwrite: bool) -> dict:
+    """The start record in `marker` (bounded, an object); one that is not (a user's edit) is refused naming it unless
+    overwrite=true replaces the run (then it counts as another run's record)."""
+    try:
+        return read_object(marker, ConfigError)
+    except ConfigError as exc:
+        if not overwrite:
+            raise ConfigError(f"out_dir={str(out)!r} holds no run's start record: {exc}; choose another out_dir, or "
+                              "pass overwrite=true to replace that run") from None
+        return {}
+
+
 def inspect(out: Path, record: dict, *, overwrite: bool) -> Plan:
     """Read-only: what `prepare` will do with `out`; ConfigError where it must refuse."""
     if not out.exists():
         return "new"
     foreign = RUN.foreign(out)
     marker = out / RUN_FILE
-    previous = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else None
+    previous = _start_record(out, marker, overwrite=overwrite) if marker.is_file() else None
     finished = is_finished(out)
     if not finished and previous == record:
         return "resume"

@@ -24,10 +24,13 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from pipeline.core import jsonfile
 from pipeline.core.cli import UsageError
 from pipeline.core.io import sha256_file, write_text_atomic
 from pipeline.shards import layout
 from pipeline.shards.verify_tree import escape_problem, through_symlink
+
+MAX_BYTES = 256 << 20  # read back bounded as a manifest is: one subject per file of the run
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -175,9 +178,9 @@ def record(run_dir: Path) -> dict[str, Any] | None:
 def _read(path: Path) -> tuple[dict[str, Any], str | None]:
     """The envelope, or why it is not one."""
     try:
-        env = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        return {}, f"{NAME} is not JSON ({type(exc).__name__}: {exc})"
+        env = jsonfile.read(path, ValueError, max_bytes=MAX_BYTES)
+    except ValueError as exc:
+        return {}, f"{NAME} is not JSON ({exc})"
     if not isinstance(env, dict) or env.get("payloadType") != PAYLOAD_TYPE or not isinstance(env.get("payload"), str) \
             or not isinstance(env.get("signatures"), list):
         return {}, f"{NAME} is not a DSSE envelope of an in-toto statement (payloadType {PAYLOAD_TYPE!r}, payload, " \
@@ -188,7 +191,7 @@ def _read(path: Path) -> tuple[dict[str, Any], str | None]:
 def _statement(env: dict[str, Any]) -> tuple[bytes, dict[str, Any], str | None]:
     try:
         payload = base64.b64decode(env["payload"], validate=True)
-        stmt = json.loads(payload)
+        stmt = jsonfile.parse(payload, ValueError, where="the payload", max_bytes=MAX_BYTES)
     except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
         return b"", {}, f"{NAME}: its payload is not a base64 JSON statement ({type(exc).__name__}: {exc})"
     subjects = stmt.get("subject") if isinstance(stmt, dict) else None

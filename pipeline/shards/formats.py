@@ -11,11 +11,11 @@ what the files say, and every shard of a run carries its manifest's version.
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Callable
 
 import numpy as np
 
+from pipeline.core.jsonfile import parse as parse_json
 from pipeline.shards.layout import ids_digest, token_digest
 from pipeline.shards.storage import NO_SCALING, Storage, parse
 
@@ -88,6 +88,7 @@ def shard_storage(text: str | None, version: str, run: Storage) -> Storage:
             raise ValueError(f"no storage record, and the run stores {run.dtype} with scales")
         return run
     try:
-        return parse(json.loads(text))
-    except json.JSONDecodeError as e:
+        value = parse_json(text, ValueError, where="the value")
+    except ValueError as e:
         raise ValueError(f"storage metadata is not JSON: {e}") from None
+    return parse(value)

@@ -10,11 +10,14 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from pipeline.core import jsonfile
 from pipeline.core.cli import UsageError
 from pipeline.core.io import write_text_atomic
+from pipeline.core.jsonfile import Fields
 from pipeline.shards import formats, layout
 
 REQUIRED_KEYS = ("format_version", "points", "hidden_size", "dtype", "shards", "num_samples", "num_tokens")
+MAX_BYTES = 256 << 20  # about 1 kB per shard entry: a quarter of a million shards
 
 
 class ManifestError(UsageError, ValueError):
@@ -40,22 +43,46 @@ def write_manifest(run_dir: Path, manifest: Mapping[str, Any]) -> Path:
     return path
 
 
+def _check_types(manifest: dict[str, Any], path: Path) -> None:
+    """The fields the verifier, the reader, the exporters and the doctor take apart, each of its JSON type (their
+    values are verify's to judge); ManifestError names the field."""
+    fields = Fields(manifest, file=f"manifest {path}", error=ManifestError)
+    fields.list("points", "str")
+    fields.int("hidden_size")
+    fields.str("dtype")
+    fields.list("shards", "object")
+    for key in ("num_samples", "num_tokens"):
+        fields.int(key)
+    for key in ("num_loss_tokens", "num_truncated"):
+        fields.int(key, optional=True)
+    for key in ("storage", "rejects"):
+        fields.obj(key, optional=True)
+    fields.str("provenance_digest", optional=True)
+    prov = fields.obj("provenance", optional=True)
+    for key in ("engine", "capture", "config", "diff") if prov is not None else ():
+        prov.obj(key, optional=True)
+    model = prov.obj("model", optional=True) if prov is not None else None
+    if model is not None:
+        model.int("num_layers", optional=True)
+        for key in ("model_type", "architecture", "path"):
+            model.str(key, optional=True)
+
+
 def read_manifest(run_dir: Path) -> dict[str, Any]:
-    """The parsed manifest; ManifestError says whether it is missing (unfinished run) or corrupt."""
+    """The parsed manifest (bounded: `MAX_BYTES`, nesting `MAX_DEPTH`), every field readers take apart of its type;
+    ManifestError says whether it is missing (unfinished run), corrupt or which field is wrong."""
     path = manifest_path(run_dir)
     if not Path(run_dir).is_dir():
         raise ManifestError(f"run directory {run_dir} does not exist")
     if not path.is_file():
         raise ManifestError(f"unfinished run: {path} does not exist (the manifest is written last)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"manifest {path} is not valid JSON: {exc}") from exc
+    manifest = jsonfile.read(path, ManifestError, prefix="manifest ", max_bytes=MAX_BYTES)
     if not isinstance(manifest, dict):
         raise ManifestError(f"manifest {path} holds a JSON {type(manifest).__name__}, not an object")
     missing = [key for key in REQUIRED_KEYS if key not in manifest]
     if missing:
         raise ManifestError(f"manifest {path} is missing required keys {missing}")
+    _check_types(manifest, path)
     try:
         return formats.read(manifest)
     except formats.FormatError as exc:

@@ -7,7 +7,6 @@ them in: fp8-stored states are dequantized with their scales (pipeline/shards/st
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -15,6 +14,7 @@ from typing import Any, Iterator
 import pyarrow.parquet as pq
 from safetensors import safe_open
 
+from pipeline.core.jsonfile import parse
 from pipeline.shards import layout
 from pipeline.shards.manifest import read_manifest
 from pipeline.shards.formats import shard_storage
@@ -74,7 +74,8 @@ class RunReader:
     def _handle(self, shard: int) -> Any:
         if shard not in self._handles:
             handle = safe_open(str(self._tensor_files[shard]), framework="pt")
-            stored = json.loads(handle.metadata()[layout.META_POINTS])
+            stored = parse(handle.metadata()[layout.META_POINTS], ValueError,
+                           where=f"{self._tensor_files[shard].name}: metadata {layout.META_POINTS}")
             if stored != self.points:
                 raise ValueError(f"{self._tensor_files[shard].name}: points {stored} != manifest {self.points}")
             found = shard_storage(handle.metadata().get(layout.META_STORAGE), self.manifest["format_version"],

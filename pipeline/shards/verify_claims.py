@@ -12,7 +12,6 @@ to what it records.
 """
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from pipeline import provenance
+from pipeline.core.jsonfile import read
 from pipeline.shards.layout import PREPARE_REJECTS, REJECTS_DIR, RUN, RUN_FILE
 from pipeline.shards.verify_samples import SampleRows, data_digest, id_problems
 
@@ -54,7 +54,7 @@ def _start_record_problems(run_dir: Path, prov: dict[str, Any]) -> list[str]:
     if not path.is_file() or path.is_symlink():
         return []
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = read(path, ValueError)  # bounded in size and nesting
         model = prov.get("model") or {}
         claimed = {"config": provenance.stable_config(prov.get("config") or {}), "code": prov.get("code"),
                    "model_config_sha256": model.get("config_sha256"),
@@ -62,7 +62,9 @@ def _start_record_problems(run_dir: Path, prov: dict[str, Any]) -> list[str]:
         if "data" in prov:  # the data file's digest (recorded in provenance since format 3): every sample id's seed
             claimed["data_digest"] = (prov["data"] or {}).get("sha256")
         started = {key: record[key] for key in claimed}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError, AttributeError) as exc:
+    except ValueError as exc:
+        return [f"{RUN_FILE} is not a run's start record: {exc}"]
+    except (TypeError, KeyError, AttributeError) as exc:
         return [f"{RUN_FILE} is not a run's start record ({type(exc).__name__}: {exc})"]
     flat_claimed, flat_started = _flat(claimed), _flat(started)
     changed = sorted(k for k in set(flat_claimed) | set(flat_started) if flat_claimed.get(k) != flat_started.get(k))

@@ -13,11 +13,11 @@ held only to what it records.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.jsonfile import read_lenient
 from pipeline.data.ids import sample_id_for
 from pipeline.shards.layout import RUN_FILE
 
@@ -42,10 +42,7 @@ def data_digest(run_dir: Path) -> str | None:
     path = Path(run_dir) / RUN_FILE
     if not path.is_file() or path.is_symlink():
         return None
-    try:
-        digest = json.loads(path.read_text(encoding="utf-8")).get("data_digest")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-        return None
+    digest = (read_lenient(path) or {}).get("data_digest")
     return digest if isinstance(digest, str) else None
 
 

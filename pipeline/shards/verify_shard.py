@@ -6,7 +6,6 @@ verifying a run needs memory of one chunk, not of one shard.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+from pipeline.core.jsonfile import parse
 from pipeline.core.stfile import TensorInfo, read_header
 from pipeline.shards import layout
 from pipeline.shards.formats import row_digest, shard_storage
@@ -70,12 +70,14 @@ def _header_problems(name: str, infos: dict[str, TensorInfo], meta: dict[str, st
 
 def _metadata_problems(name: str, meta: dict[str, str], expect: Expected) -> list[str]:
     problems = []
+    raw = meta.get(layout.META_POINTS, "null")
     try:
-        points = json.loads(meta.get(layout.META_POINTS, "null"))
-    except json.JSONDecodeError:
-        points = meta.get(layout.META_POINTS)
-    if points != expect.points:
-        problems.append(f"{name}: metadata points {points} != manifest points {expect.points}")
+        points = parse(raw, ValueError, where="it")  # bounded in size and nesting
+    except ValueError as exc:
+        problems.append(f"{name}: metadata points {_short(raw)} != manifest points {expect.points} ({exc})")
+    else:
+        if points != expect.points:
+            problems.append(f"{name}: metadata points {points} != manifest points {expect.points}")
     try:
         storage = shard_storage(meta.get(layout.META_STORAGE), expect.version, expect.storage)
     except ValueError as exc:

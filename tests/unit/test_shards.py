@@ -197,7 +197,7 @@ def test_manifest_write_read_and_finished(tmp_path):
     text = (tmp_path / "manifest.json").read_text()
     assert text.index('"config"') < text.index('"dtype"') < text.index('"shards"')  # sorted keys
     (tmp_path / "manifest.json").write_text("{not json")
-    with pytest.raises(ManifestError, match="not valid JSON"):
+    with pytest.raises(ManifestError, match="manifest.json is not readable JSON"):
         read_manifest(tmp_path)
     with pytest.raises(ManifestError, match=r"missing required keys \['format_version'"):
         write_manifest(tmp_path, {"points": POINTS})

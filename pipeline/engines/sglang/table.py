@@ -6,11 +6,12 @@ holds it.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+
+from pipeline.core.jsonfile import read_fields
 
 SUFFIX = "embed_tokens.weight"
 
@@ -19,7 +20,7 @@ def _candidates(model_dir: Path) -> dict[str, str]:
     """tensor name -> file name, for every tensor that looks like a token-embedding table."""
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = read_fields(index, ValueError).obj("weight_map").value
         return {k: v for k, v in weight_map.items() if k.endswith(SUFFIX)}
     found = {}
     for file in sorted(model_dir.glob("*.safetensors")):
