@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 # Without the first, Ray replaces 127.0.0.1 by the machine's routable address; nothing here may leave loopback.
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 FORWARDED_ENV = ("PIPELINE_MODELS_DIR", "SGLANG_USE_CPU_ENGINE", "VLLM_CPU_KVCACHE_SPACE")
-
-
 OMP_ENV = "OMP_NUM_THREADS"
 
 
