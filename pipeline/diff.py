@@ -14,17 +14,19 @@ from __future__ import annotations
 import logging
 import sys
 
-import hydra
-from omegaconf import DictConfig
+from pipeline.core.cli import ExitCode, interrupts_from_here, os_error_text, run_command
 
-from rich.console import Console
+interrupts_from_here(__name__, "diff")  # before the imports below (seconds): Ctrl-C there is one line too
 
-from pipeline.compare.stage import run_diff
-from pipeline.compare.tables import verdict_table
-from pipeline.config import (CONF_DIR, ConfigError, check_model_group, exit_on_bad_overrides,
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from pipeline.compare.stage import run_diff  # noqa: E402
+from pipeline.compare.tables import verdict_table  # noqa: E402
+from pipeline.config import (CONF_DIR, ConfigError, check_model_group, exit_on_bad_overrides,  # noqa: E402
                              model_group_overrides, register_configs)
-from pipeline.core.cli import ExitCode, os_error_text, run_command
-from pipeline.factory import build_step
+from pipeline.factory import build_step  # noqa: E402
 
 register_configs()
 log = logging.getLogger("pipeline.diff")

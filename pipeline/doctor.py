@@ -17,11 +17,14 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from pipeline.core.cli import ExitCode, UsageError, run_command
-from pipeline.drafts.examine import Request, examine
-from pipeline.drafts.load import check_weights, installed_version
-from pipeline.drafts.report import failed, render_json, render_text
-from pipeline.drafts.serving import SERVERS
+from pipeline.core.cli import ExitCode, UsageError, interrupts_from_here, run_command
+
+interrupts_from_here(__name__, "doctor")  # before the imports below (seconds): Ctrl-C there is one line too
+
+from pipeline.drafts.examine import Request, examine  # noqa: E402
+from pipeline.drafts.load import check_weights, installed_version  # noqa: E402
+from pipeline.drafts.report import failed, render_json, render_text  # noqa: E402
+from pipeline.drafts.serving import SERVERS  # noqa: E402
 
 
 def _parser() -> argparse.ArgumentParser:

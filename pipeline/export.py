@@ -18,12 +18,15 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from pipeline.core.cli import ExitCode, run_command
-from pipeline.exports.driver import export_run
-from pipeline.exports.formats import FORMATS, exporter_for
-from pipeline.exports.slots import aux_labels
-from pipeline.points import FRAMEWORKS, split_points
-from pipeline.shards.manifest import read_manifest
+from pipeline.core.cli import ExitCode, interrupts_from_here, run_command
+
+interrupts_from_here(__name__, "export")  # before the imports below (seconds): Ctrl-C there is one line too
+
+from pipeline.exports.driver import export_run  # noqa: E402
+from pipeline.exports.formats import FORMATS, exporter_for  # noqa: E402
+from pipeline.exports.slots import aux_labels  # noqa: E402
+from pipeline.points import FRAMEWORKS, split_points  # noqa: E402
+from pipeline.shards.manifest import read_manifest  # noqa: E402
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -4,17 +4,20 @@ from __future__ import annotations
 import logging
 import sys
 
-import hydra
-from omegaconf import DictConfig
+from pipeline.core.cli import ExitCode, interrupts_from_here, os_error_text, run_command
 
-from pipeline.config import (CONF_DIR, ConfigError, check_model_group, exit_on_bad_overrides,
+interrupts_from_here(__name__, "extract")  # before the imports below (seconds): Ctrl-C there is one line too
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from pipeline.config import (CONF_DIR, ConfigError, check_model_group, exit_on_bad_overrides,  # noqa: E402
                              model_group_overrides, register_configs)
-from pipeline.core.claim import ClaimLost, DirBusy
-from pipeline.core.cli import ExitCode, os_error_text, run_command
-from pipeline.engines.base import EngineStartError
-from pipeline.factory import build_step
-from pipeline.run.gate import DiffGateError, describe, describe_storage
-from pipeline.run.job import NoValidRecords, count_text, run_extract
+from pipeline.core.claim import ClaimLost, DirBusy  # noqa: E402
+from pipeline.engines.base import EngineStartError  # noqa: E402
+from pipeline.factory import build_step  # noqa: E402
+from pipeline.run.gate import DiffGateError, describe, describe_storage  # noqa: E402
+from pipeline.run.job import NoValidRecords, count_text, run_extract  # noqa: E402
 
 register_configs()
 log = logging.getLogger("pipeline.extract")

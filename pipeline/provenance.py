@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from pipeline.core.contracts import EngineInfo
+from pipeline.core.contracts import CPU_THREADS, EngineInfo
 from pipeline.core.io import sha256_file, sha256_json
 from pipeline.core.outdir import read_record
 from pipeline.data.remote_code import remote_code_record
@@ -172,4 +172,11 @@ def compact(provenance: dict[str, Any]) -> dict[str, str]:
                              **_compact_remote_code(m.get("remote_code"))}, sort_keys=True),
         "code": json.dumps(provenance["code"], sort_keys=True),
         "diff": json.dumps(provenance["diff"], sort_keys=True),
+        **_compact_threads(e.get("extra") or {}),
     }
+
+
+def _compact_threads(extra: dict[str, Any]) -> dict[str, str]:
+    """The CPU threads the engine computed with, where they change the bits: a shard of a resumed run says its own
+    (pipeline.run.executor warns when a resume would mix them)."""
+    return {CPU_THREADS: str(extra[CPU_THREADS])} if extra.get(CPU_THREADS) is not None else {}

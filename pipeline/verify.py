@@ -13,10 +13,13 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from pipeline.core.cli import ExitCode, run_command
-from pipeline.shards import attestation
-from pipeline.shards.manifest import read_manifest
-from pipeline.shards.verify import verify_run
+from pipeline.core.cli import ExitCode, interrupts_from_here, run_command
+
+interrupts_from_here(__name__, "verify")  # before the imports below (seconds): Ctrl-C there is one line too
+
+from pipeline.shards import attestation  # noqa: E402
+from pipeline.shards.manifest import read_manifest  # noqa: E402
+from pipeline.shards.verify import verify_run  # noqa: E402
 
 
 def _summary(run_dir: Path, manifest: dict, key) -> str:

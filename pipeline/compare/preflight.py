@@ -7,7 +7,6 @@ It lives here, not in `pipeline.config`, because it reads the engines' registry 
 """
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from pipeline.compare.lineup import check_entries
 from pipeline.config import ConfigError, DataConfig, ModelConfig
 from pipeline.config.checks import check_data_path, resolve_model
 from pipeline.core.contracts import EngineSpec
+from pipeline.core.outdir import unusable_dir
 from pipeline.engines.registry import check_name, check_options
 from pipeline.models.info import ModelInfo
 from pipeline.shards.layout import run_conflict
@@ -62,13 +62,8 @@ def check_out_dir(out_dir: str, *, run: bool, overwrite: bool = False) -> Path:
     if run and out.exists() and is_finished(out) and not overwrite:
         raise ConfigError(f"out_dir={out_dir!r} holds a finished run (manifest.json); choose another out_dir, "
                           f"or pass overwrite=true to replace it")
-    probe = out if out.exists() else next(p for p in out.parents if p.exists())
-    if not probe.is_dir():
-        raise ConfigError(f"out_dir={out_dir!r} cannot be created: {probe} is a file")
-    try:  # a real write: permission bits alone say nothing for root or on read-only mounts
-        tempfile.TemporaryFile(dir=probe).close()
-    except OSError as e:
-        raise ConfigError(f"out_dir={out_dir!r} is not writable ({probe}: {e.strerror})") from e
+    if (why := unusable_dir(out)) is not None:
+        raise ConfigError(f"out_dir={out_dir!r} {why}")
     return out
 
 

@@ -10,6 +10,7 @@ from typing import Any, Sequence, TypeVar
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from pipeline.config.closed import unknown_keys_message, unknown_override_keys
 from pipeline.config.entries import CONF_DIR
@@ -62,7 +63,10 @@ def to_config(cfg: DictConfig, schema: type[Job] = ExtractConfig) -> Job:  # typ
     unknown = unknown_keys_message(cfg)
     if unknown:
         raise ConfigError(unknown)
-    missing = sorted(OmegaConf.missing_keys(cfg))
+    try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+    except OmegaConfBaseException as e:  # an interpolation that does not resolve (`out_dir=${oops}`)
+        raise ConfigError(f"{getattr(e, 'full_key', None) or 'config'}: {str(e).strip().splitlines()[0]}") from e
     if missing:
         raise ConfigError(f"required config value(s) missing: {', '.join(missing)} (pass them as overrides, "
                          f"e.g. {missing[0]}=...)")
@@ -70,6 +74,8 @@ def to_config(cfg: DictConfig, schema: type[Job] = ExtractConfig) -> Job:  # typ
         obj = OmegaConf.to_object(cfg)
     except ValueError as e:  # a __post_init__ check, possibly wrapped by OmegaConf with its own context
         raise ConfigError(str(e)) from e
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{getattr(e, 'full_key', None) or 'config'}: {str(e).strip().splitlines()[0]}") from e
     if not isinstance(obj, schema):  # a job handed another job's config would read keys it was never checked for
         raise ConfigError(f"the composed config's schema is {type(obj).__name__}, not {schema.__name__}")
     return obj

@@ -7,11 +7,15 @@ configuration changes, REFUSED means a check looked at the data and said no (its
 from __future__ import annotations
 
 import errno
+import os
 import signal
 import sys
 import threading
 from enum import IntEnum
+from pathlib import Path
 from typing import Callable, ClassVar
+
+from pipeline.core.faults import fault_point
 
 INTERRUPTED_LINE = "interrupted; rerun the same command to resume"
 
@@ -65,12 +69,53 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated()
 
 
+_SIGNAL_CODES = {signal.SIGINT: ExitCode.INTERRUPTED, signal.SIGTERM: ExitCode.TERMINATED}
+
+
+def _exit_at_once(signum: int, frame: object) -> None:
+    """Outside a command's body (its imports, its interpreter's exit) there is nothing to close: what was printed,
+    the line, and the code, at once (os._exit: no KeyboardInterrupt unwinding through importlib's frames)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a stream being written when the signal came (a reentrant flush), or closed
+            pass
+    os.write(2, f"{INTERRUPTED_LINE}\n".encode())
+    os._exit(_SIGNAL_CODES[signal.Signals(signum)])
+
+
+def _set(signum: signal.Signals, handler: Callable[[int, object], None]) -> object:
+    """Install `handler` unless the signal is ignored (a shell without job control starts background jobs ignoring
+    SIGINT, `nohup`-like launchers SIGTERM): the previous handler, to restore."""
+    previous = signal.getsignal(signum)
+    if previous is not signal.SIG_IGN:
+        signal.signal(signum, handler)
+    return previous
+
+
+def interrupts_from_here(module: str, command: str) -> None:
+    """An entry module's first statement, before its imports (torch, transformers, Hydra: seconds): when this process
+    is the command (`python -m pipeline.<command>`, or its console script `pipeline-<command>`), Ctrl-C and SIGTERM
+    are one line and 130 / 143 from here on, not an import traceback or a silent death; `run_command` makes them
+    unwind its body. Imported by another program (a test, a notebook), the module changes no signal handler."""
+    if module != "__main__" and Path(sys.argv[0]).name != f"pipeline-{command}":
+        return
+    for signum in _SIGNAL_CODES:
+        _set(signum, _exit_at_once)
+    fault_point("start", command)  # the tests' pause: a signal while the imports run
+
+
 def run_command(body: Callable[[], int | None]) -> int:
     """`body`'s exit code (None: OK). A PipelineError or an OSError is one `error: ...` line and its code; Ctrl-C and
     SIGTERM are one line and 130 / 143 instead of a traceback or silence. SystemExit passes through: the Hydra entry
-    points exit from inside Hydra's job (which reports its own errors before they could reach here)."""
+    points exit from inside Hydra's job (which reports its own errors before they could reach here). During `body`
+    both signals raise in the main thread, so that context managers close engines and locks; before and after it,
+    what `interrupts_from_here` installed answers them."""
     in_main = threading.current_thread() is threading.main_thread()  # signal handlers can only be set there
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main else None
+    previous = {}
+    if in_main:
+        previous = {signal.SIGINT: _set(signal.SIGINT, signal.default_int_handler),
+                    signal.SIGTERM: _set(signal.SIGTERM, _raise_terminated)}
     try:
         code = body()
     except PipelineError as e:
@@ -86,6 +131,7 @@ def run_command(body: Callable[[], int | None]) -> int:
         print(INTERRUPTED_LINE, file=sys.stderr)
         return ExitCode.TERMINATED
     finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            if handler not in (signal.SIG_IGN, None):  # None: a handler not set from Python
+                signal.signal(signum, handler)
     return ExitCode.OK if code is None else int(code)

@@ -105,6 +105,11 @@ class PointSource:
     method: str  # e.g. "hf output_hidden_states[3]", "forward hook on model.norm input"
 
 
+# EngineInfo.extra's key for the CPU threads an engine's forward ran on, where they change the bits (bf16 CPU kernels);
+# also a key of every shard's metadata (pipeline.provenance.compact), so a resume sees what each shard was made with.
+CPU_THREADS = "cpu_threads"
+
+
 @dataclass(kw_only=True)
 class EngineInfo:
     """What the engine really ran, read from the running engine, not from the config that asked for it."""

@@ -6,8 +6,8 @@
     PIPELINE_FAULT="pause=/tmp/go@write:manifest.json" waits there until the file /tmp/go exists
     PIPELINE_FAULT_TRACE=/tmp/steps.txt               appends every step ("write:run.json") to that file
 
-A step is `phase:file name` (phases: write = the temp file is complete, rename = it is in place, unlink, remove);
-the name may be a glob. `#N` after the step picks its N-th occurrence (1-based; default the first).
+A step is `phase:file name` (phases: write = the temp file is complete, rename = it is in place, unlink, remove;
+and `start:<command>`, a command's first step, before its imports: pipeline.core.cli); the name may be a glob. `#N` after the step picks its N-th occurrence (1-based; default the first).
 """
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ import glob
 import json
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
@@ -82,6 +83,23 @@ class Layout:
     def remove_stale_temps(self, root: Path) -> None:
         for stale in list(self.stale_temps(root)):
             remove(stale)
+
+
+def unusable_dir(path: Path) -> str | None:
+    """Why `path` cannot be (or become) a directory this process writes, in words that follow its name ("exists and
+    is not a directory", "cannot be created: P is a file", "is not writable (P: Permission denied)"), or None. A real
+    write proves it: permission bits alone say nothing for root or on a read-only mount."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        return "exists and is not a directory"
+    probe = path if path.exists() else next(p for p in path.absolute().parents if p.exists())
+    if not probe.is_dir():
+        return f"cannot be created: {probe} is a file"
+    try:
+        tempfile.TemporaryFile(dir=probe).close()
+    except OSError as e:
+        return f"is not writable ({probe}: {e.strerror})"
+    return None
 
 
 def remove_temps_of(finals: Iterable[Path]) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from pipeline.core.contracts import Capture, EngineInfo, PointSource, PreparedSample
+from pipeline.core.contracts import CPU_THREADS, Capture, EngineInfo, PointSource, PreparedSample
 from pipeline.engines.base import Engine
 from pipeline.engines.hf_options import HFOptions
 from pipeline.models.hf_text import load_text_model
@@ -136,8 +136,13 @@ class HFEngine(Engine):
             extra={"model_class": type(self.model).__name__, "wrapper_class": self._layout.wrapper_class,
                    "text_class": self._layout.text_class, "trust_remote_code": self.trust_remote_code,
                    "mla_norm_eps_set_to_config": self._layout.mla_norm_eps,
-                   "device": str(self.model.device)},
+                   "device": str(self.model.device), **self._cpu_threads()},
         )
+
+    def _cpu_threads(self) -> dict[str, int]:
+        """On CPU, the intra-op threads the forward runs on: bf16 kernels reduce in another order on another count,
+        so they change the bits (on a GPU they do not, and are not recorded)."""
+        return {CPU_THREADS: torch.get_num_threads()} if self.model.device.type == "cpu" else {}
 
     def close(self) -> None:
         self.__dict__.pop("model", None)

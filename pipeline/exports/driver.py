@@ -15,6 +15,7 @@ from typing import Iterator, Sequence
 import torch
 
 from pipeline.core.io import atomic_path
+from pipeline.core.outdir import unusable_dir
 from pipeline.exports.base import Exporter, ExportSample
 from pipeline.exports.progress import ExportProgress
 from pipeline.exports.sidecar import build, claim, export_layout, finish, hold, plan_record, status
@@ -94,6 +95,8 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
     manifest = _manifest(run_dir)
     if (why := run_conflict(out, itself=True)) is not None:
         raise ExportError(f"--out {out} {why}")
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} exists and is not a directory")
     num_layers = ((manifest.get("provenance") or {}).get("model") or {}).get("num_layers")
     if not isinstance(num_layers, int):
         raise ExportError(f"run {run_dir}: its manifest's provenance has no model.num_layers, so bN is unknown")
@@ -106,6 +109,8 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
                             bytes_written=0, seconds=0.0)
     if status(out, record) == "complete":  # checked before the (full-read) verification: nothing to do
         return complete
+    if (why := unusable_dir(out)) is not None:  # a path through a regular file, a read-only directory
+        raise ExportError(f"--out {out} {why}")
     if verify:
         _verify(run_dir)
     with hold(out):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 import torch
 from torch.utils.serialization import config as serialization_config
@@ -44,6 +44,17 @@ def _without_zip_crc32() -> Iterator[None]:
         serialization_config.save.compute_crc32 = previous
 
 
+def _save(features: dict[str, torch.Tensor], f: BinaryIO) -> None:
+    """torch.save, with a failed write (a full disk) raised as the OSError it is: torch's zip writer, closed after
+    the write failed, raises a RuntimeError of its own ("unexpected pos") with the OSError only as its context."""
+    try:
+        torch.save(features, f)
+    except RuntimeError as e:
+        if isinstance(e.__context__, OSError):
+            raise e.__context__ from None
+        raise
+
+
 class SpecForgeExporter:
     layout = LAYOUT
     files = FILES
@@ -58,8 +69,10 @@ class SpecForgeExporter:
         features = {"input_ids": sample.input_ids.to(torch.int64), "loss_mask": sample.loss_mask.to(torch.int64),
                     "hidden_state": final_TH.unsqueeze(0),
                     "aux_hidden_state": aux_TKH.reshape(1, num_tokens, num_aux * hidden)}
-        with _without_zip_crc32():
-            torch.save(features, path)
+        # Through an open file, not the path: torch.save names the zip's root folder after a path's file name (here
+        # the random temp name), which would make every export's bytes differ; a file object's archive is `archive/`.
+        with _without_zip_crc32(), open(path, "wb") as f:
+            _save(features, f)
 
     def finish(self, out: Path, tokens: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> list[Path]:
         return []  # SpecForge reads the directory tree itself

@@ -6,6 +6,8 @@ An actor that dies mid-unit (engine crash, OOM, kill -9) is restarted by Ray and
 `runner.max_retries` times; a unit that keeps failing fails the run, which then writes no manifest.
 With `runner.overlap_writes` each actor holds two units and writes one while its engine captures the other (a threaded
 actor whose engine is used under a lock), as the local executor's `run_units` does.
+CPU replicas compute with the driver's CPU threads (`CpuThreads`), not the one thread Ray gives an actor of
+`runner.cpus_per_replica=1`: the same command gives the same tensors on either runner.
 """
 from __future__ import annotations
 
@@ -13,10 +15,13 @@ import logging
 import os
 import threading
 from collections import deque
+from dataclasses import dataclass
 from functools import partial
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+import torch
 
 from pipeline.config import ConfigError, RunnerConfig
 from pipeline.core.contracts import Capture, EngineInfo, PreparedSample
@@ -30,12 +35,45 @@ log = logging.getLogger(__name__)
 # Without the first, Ray replaces 127.0.0.1 by the machine's routable address; nothing here may leave loopback.
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 FORWARDED_ENV = ("PIPELINE_MODELS_DIR", "SGLANG_USE_CPU_ENGINE", "VLLM_CPU_KVCACHE_SPACE")
+OMP_ENV = "OMP_NUM_THREADS"
+
+
+@dataclass(frozen=True)
+class CpuThreads:
+    """The CPU threads a local run's engine computes with: torch's intra-op threads in the driver, and the driver's
+    OMP_NUM_THREADS (or its absence) for the engine worker processes a replica starts. Ray sets OMP_NUM_THREADS to an
+    actor's num_cpus (`runner.cpus_per_replica`, 1 by default), and bf16 CPU kernels reduce in another order on
+    another thread count: an actor that kept Ray's count would write other bits than the same command run locally.
+    Set OMP_NUM_THREADS where the job starts to choose the count for every runner."""
+
+    torch_threads: int
+    omp_env: str | None
+
+    @classmethod
+    def of_this_process(cls) -> "CpuThreads":
+        return cls(torch_threads=torch.get_num_threads(), omp_env=os.environ.get(OMP_ENV))
+
+    def apply(self) -> None:
+        torch.set_num_threads(self.torch_threads)
+        if self.omp_env is None:
+            os.environ.pop(OMP_ENV, None)
+        else:
+            os.environ[OMP_ENV] = self.omp_env
+
+
+def _with_threads(threads: CpuThreads | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn` in a Ray task, computing with the driver's threads (a CPU replica's resources)."""
+    if threads is not None:
+        threads.apply()
+    return fn(*args, **kwargs)
 
 
 class CaptureActor:
     """One engine replica. Wrapped by `ray.remote` at run time, so importing this module needs no Ray."""
 
-    def __init__(self, name: str, make: Callable[[], Engine]) -> None:
+    def __init__(self, name: str, make: Callable[[], Engine], threads: CpuThreads | None = None) -> None:
+        if threads is not None:  # before the engine exists: it is made with the driver's threads
+            threads.apply()
         self.engine = make()
         self._start_error: str | None = None
         try:
@@ -83,6 +121,9 @@ class RayExecutor(Executor):
         self.actors: list[Any] = []
         self._started_ray = False
         self._units_per_actor = 2 if cfg.overlap_writes else 1  # overlapped: one capturing, one being written
+        # A CPU replica computes as the driver would; on GPUs the CPU threads do not change the bits, and a GPU node's
+        # cores are not the driver's.
+        self.threads = CpuThreads.of_this_process() if cfg.gpus_per_replica == 0 else None
 
     def _init_ray(self):
         for key, value in LOOPBACK_ENV.items():
@@ -108,7 +149,7 @@ class RayExecutor(Executor):
         make = partial(make_engine, self.spec, model_path=self.model_path, points=self.points,
                        num_layers=self.num_layers, trust_remote_code=self.trust_remote_code,
                        max_seq_len=self.max_seq_len)
-        self.actors = [actor_cls.remote(self.spec.name, make) for _ in range(self.cfg.num_replicas)]
+        self.actors = [actor_cls.remote(self.spec.name, make, self.threads) for _ in range(self.cfg.num_replicas)]
         errors = [e for e in ray.get([a.start_error.remote() for a in self.actors]) if e]
         if errors:
             self.__exit__()
@@ -130,9 +171,9 @@ class RayExecutor(Executor):
         """Run `fn` as a Ray task with a replica's resources (a GPU cluster's driver may have no GPU); usable before
         the replicas start, so the gate's reference engines free their devices before the primary takes them."""
         ray = self._init_ray()
-        task = ray.remote(fn).options(num_cpus=self.cfg.cpus_per_replica, num_gpus=self.cfg.gpus_per_replica,
-                                      max_retries=0)
-        return ray.get(task.remote(*args, **kwargs))
+        task = ray.remote(_with_threads).options(num_cpus=self.cfg.cpus_per_replica,
+                                                 num_gpus=self.cfg.gpus_per_replica, max_retries=0)
+        return ray.get(task.remote(self.threads, fn, *args, **kwargs))
 
     def info(self) -> EngineInfo:
         return self._info
