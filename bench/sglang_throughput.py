@@ -22,6 +22,8 @@ from pathlib import Path
 
 from common import capture_and_write, prepared_samples
 
+from pipeline.factory.tiny import RECIPES
+
 
 def runner_forward_seconds(engine, samples, batch_size: int) -> float:
     """The runner's forwards alone (aux capture included, nothing moved out), batched as the capture stage does."""
@@ -44,7 +46,9 @@ def lists_round(path: Path, dtype: str, prompts, aux_ids) -> None:
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny-kimi-bf16", help="a tiny model recipe name")
+    ap.add_argument("--model", default="tiny-kimi-bf16", choices=sorted(RECIPES),
+                    help="a model recipe of pipeline.factory, built on first use: a tiny one, or the real "
+                         "smollm2-135m-instruct (model=smollm2)")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--copies", type=int, default=1, help="copies of the bundled conversations")
     ap.add_argument("--batch-size", type=int, default=64, help="engine.batch_size of the pipeline")

@@ -23,6 +23,8 @@ from statistics import median
 
 from common import capture_and_write, prepared_samples
 
+from pipeline.factory.tiny import RECIPES
+
 
 def capture_only(engine, samples, settings, tokens_per_shard: int) -> float:
     """The engine's half of the stage alone (hooks, transfer from the worker), the same units and batches as
@@ -40,7 +42,9 @@ def capture_only(engine, samples, settings, tokens_per_shard: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny-kimi-bf16", help="a tiny model recipe name")
+    ap.add_argument("--model", default="tiny-kimi-bf16", choices=sorted(RECIPES),
+                    help="a model recipe of pipeline.factory, built on first use: a tiny one, or the real "
+                         "smollm2-135m-instruct (model=smollm2)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--copies", type=int, default=4, help="copies of the bundled conversations")
     ap.add_argument("--batch-size", type=int, default=64, help="engine.batch_size of the pipeline")
