@@ -10,8 +10,9 @@ of the first NUMA node, minus `VLLM_CPU_NUM_OF_RESERVED_CPU`, at least one core,
 them alone; a CPU list (`0-1`) binds to those CPUs. With the EngineCore in the adapter's process (the adapter's default
 for text models) the worker is the adapter's process and nothing is bound: torch's own thread count.
 
-A setting is `default` (the adapter as it is: EngineCore where the adapter puts it, nothing set) or `own:BIND`
-(EngineCore in its own process, VLLM_CPU_OMP_THREADS_BIND=BIND; append `/rN` for VLLM_CPU_NUM_OF_RESERVED_CPU=N). Each setting gets its own engine (started once, all kept alive; an idle vLLM engine
+A setting is `default` (the adapter as it is: EngineCore where the adapter puts it, nothing set), `in:tN` (EngineCore
+in the adapter's process, OMP_NUM_THREADS=N: torch's threads, unbound) or `own:BIND` (EngineCore in its own process,
+VLLM_CPU_OMP_THREADS_BIND=BIND; append `/rN` for VLLM_CPU_NUM_OF_RESERVED_CPU=N). Each setting gets its own engine (started once, all kept alive; an idle vLLM engine
 sleeps); every repeat runs capture+write (the capture stage as extract runs it) on each engine (with --plain, plain
 prefill too), in rotated order. Printed: the threads each engine's model really computes on (its worker's provenance), tok/s best and
 median per setting, and each setting's median per-repeat ratio to the first setting.
@@ -28,7 +29,7 @@ from common import capture_and_write, prepared_samples
 
 from pipeline.factory.tiny import RECIPES
 
-_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_NUM_THREADS")
 
 
 def parse_setting(text: str) -> tuple[dict, dict[str, str]]:
@@ -36,8 +37,10 @@ def parse_setting(text: str) -> tuple[dict, dict[str, str]]:
     if text == "default":
         return {}, {}
     where, _, bind = text.partition(":")
+    if where == "in" and bind.startswith("t") and bind[1:].isdigit():
+        return {"engine_core_process": False}, {"OMP_NUM_THREADS": bind[1:]}
     if where != "own" or not bind:
-        raise SystemExit(f"--settings: {text!r} is not default or own:BIND")
+        raise SystemExit(f"--settings: {text!r} is not default, in:tN or own:BIND")
     bind, _, reserved = bind.partition("/r")
     env = {"VLLM_CPU_OMP_THREADS_BIND": bind} | ({"VLLM_CPU_NUM_OF_RESERVED_CPU": reserved} if reserved else {})
     return {"engine_core_process": True}, env
@@ -81,7 +84,7 @@ def main() -> None:
     ap.add_argument("--tokens-per-shard", type=int, default=16384, help="runner.max_tokens_per_shard")
     ap.add_argument("--plain", action="store_true", help="also time plain prefill (LLM.generate) per setting")
     ap.add_argument("--settings", default="default,own:auto,own:0-1,own:nobind",
-                    help="comma-separated: default, own:BIND (BIND: auto, nobind or a CPU list; /rN)")
+                    help="comma-separated: default, in:tN, own:BIND (BIND: auto, nobind or a CPU list; /rN)")
     args = ap.parse_args()
 
     from bench.timed_engines import register_timed_engines
