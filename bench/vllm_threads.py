@@ -12,10 +12,11 @@ for text models) the worker is the adapter's process and nothing is bound: torch
 
 A setting is `default` (the adapter as it is: EngineCore where the adapter puts it, nothing set), `in:tN` (EngineCore
 in the adapter's process, OMP_NUM_THREADS=N: torch's threads, unbound) or `own:BIND` (EngineCore in its own process,
-VLLM_CPU_OMP_THREADS_BIND=BIND; append `/rN` for VLLM_CPU_NUM_OF_RESERVED_CPU=N). Each setting gets its own engine (started once, all kept alive; an idle vLLM engine
-sleeps); every repeat runs capture+write (the capture stage as extract runs it) on each engine (with --plain, plain
-prefill too), in rotated order. Printed: the threads each engine's model really computes on (its worker's provenance), tok/s best and
-median per setting, and each setting's median per-repeat ratio to the first setting.
+VLLM_CPU_OMP_THREADS_BIND=BIND; append `/rN` for VLLM_CPU_NUM_OF_RESERVED_CPU=N). Each setting gets its own engine
+(started once, all kept alive; an idle vLLM engine sleeps); every repeat runs capture+write (the capture stage as
+extract runs it) on each engine (with --plain, plain prefill too), in rotated order. Printed: the threads each
+engine's model really computes on (its worker's provenance), tok/s best and median per setting, and each setting's
+median per-repeat ratio to the first setting. Figures: docs/engines.md#vllm-cpu-threads.
 """
 from __future__ import annotations
 
