@@ -14,8 +14,9 @@ os.chdir(REPO)
 BUNDLED = REPO / "pipeline" / "data" / "bundled" / "conversations.jsonl"
 
 
-def prepared_samples(model_path: Path, copies: int, work: Path):
-    """The bundled conversations, `copies` times, prepared with the model's own tokenizer."""
+def prepared_samples(model_path: Path, copies: int, work: Path, limit: int | None = None):
+    """The bundled conversations, `copies` times (the first `limit` of them when given), prepared with the model's own
+    tokenizer."""
     from pipeline.data.prepare import prepare
     from pipeline.data.remote_code import load_tokenizer
 
@@ -23,7 +24,7 @@ def prepared_samples(model_path: Path, copies: int, work: Path):
     data = work / "prompts.jsonl"
     data.write_text("\n".join(lines * copies) + "\n")
     tokenizer = load_tokenizer(model_path, trust_remote_code=True)  # the benches' models are the project's own
-    return prepare(data, tokenizer, max_length=2048, length_policy="truncate", limit=None).samples
+    return prepare(data, tokenizer, max_length=2048, length_policy="truncate", limit=limit).samples
 
 
 def synthetic_samples(num_tokens: int, seed: int = 0, vocab: int = 160_000):

@@ -1,7 +1,7 @@
 """SGLang plain prefill vs capture+write through the pipeline, same prompts, one run (a script, not a test).
 
     .venv/bin/python bench/sglang_throughput.py [--model tiny-kimi-bf16] [--dtype auto] [--copies 1] [--repeats 3]
-                                                [--lists]
+                                                [--limit N] [--lists]
 
 Plain prefill: the real serving path, `sglang.Engine.generate(max_new_tokens=1)` over all prompts at once, no capture
 (`bench/sglang_serving.py`, its own process). Capture+write: the pipeline's capture stage through
@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 
 from common import capture_and_write, prepared_samples
+
+from pipeline.factory.tiny import RECIPES
 
 
 def runner_forward_seconds(engine, samples, batch_size: int) -> float:
@@ -44,9 +46,12 @@ def lists_round(path: Path, dtype: str, prompts, aux_ids) -> None:
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny-kimi-bf16", help="a tiny model recipe name")
+    ap.add_argument("--model", default="tiny-kimi-bf16", choices=sorted(RECIPES),
+                    help="a model recipe of pipeline.factory, built on first use: a tiny one, or the real "
+                         "smollm2-135m-instruct (model=smollm2)")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--copies", type=int, default=1, help="copies of the bundled conversations")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N prompts (a real model is slow on CPU)")
     ap.add_argument("--batch-size", type=int, default=64, help="engine.batch_size of the pipeline")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokens-per-shard", type=int, default=4096, help="runner.max_tokens_per_shard")
@@ -96,7 +101,7 @@ def main() -> None:
     path = ensure_model(args.model)
     info = read_model_info(path)
     with tempfile.TemporaryDirectory() as tmp:
-        samples = prepared_samples(path, args.copies, Path(tmp))
+        samples = prepared_samples(path, args.copies, Path(tmp), args.limit)
         seconds, aux_ids = alternate(args, path, info, samples, Path(tmp))
         if args.lists:
             lists_round(path, args.dtype, [s.input_ids_T for s in samples], aux_ids)

@@ -1,7 +1,7 @@
 """vLLM plain prefill vs capture+write through the pipeline, same prompts, same engine, one run (not a test).
 
     .venv/bin/python bench/vllm_throughput.py [--model tiny-kimi-bf16] [--dtype bfloat16] [--copies 4] [--repeats 6]
-                                              [--tokens-per-shard 16384]
+                                              [--tokens-per-shard 16384] [--limit N]
 
 Plain: `LLM.generate(max_tokens=1)` over all prompts at once, capture hooks removed (vLLM's own best case).
 Capture only: the engine side of the capture stage (hooks, transfer from the vLLM worker), nothing written.
@@ -23,6 +23,8 @@ from statistics import median
 
 from common import capture_and_write, prepared_samples
 
+from pipeline.factory.tiny import RECIPES
+
 
 def capture_only(engine, samples, settings, tokens_per_shard: int) -> float:
     """The engine's half of the stage alone (hooks, transfer from the worker), the same units and batches as
@@ -40,9 +42,12 @@ def capture_only(engine, samples, settings, tokens_per_shard: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny-kimi-bf16", help="a tiny model recipe name")
+    ap.add_argument("--model", default="tiny-kimi-bf16", choices=sorted(RECIPES),
+                    help="a model recipe of pipeline.factory, built on first use: a tiny one, or the real "
+                         "smollm2-135m-instruct (model=smollm2)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--copies", type=int, default=4, help="copies of the bundled conversations")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N prompts (a real model is slow on CPU)")
     ap.add_argument("--batch-size", type=int, default=64, help="engine.batch_size of the pipeline")
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--tokens-per-shard", type=int, default=16384, help="runner.max_tokens_per_shard (4 units)")
@@ -61,7 +66,7 @@ def main() -> None:
     points = parse_points(["embed", 1, info.num_layers // 2, "last", "final_norm"], num_layers=info.num_layers)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        samples = prepared_samples(path, args.copies, work)
+        samples = prepared_samples(path, args.copies, work, args.limit)
         num_tokens = sum(s.num_tokens for s in samples)
         prompts = [s.input_ids_T.tolist() for s in samples]
         print(f"model {args.model} ({args.dtype}), {len(samples)} prompts, {num_tokens} tokens, "

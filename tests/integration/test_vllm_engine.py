@@ -139,6 +139,8 @@ class TestTinyLlamaFloat32:
         assert info.extra["scheduler"] == {"chunked_prefill": True, "max_num_batched_tokens": CHUNK,
                                            "prefix_caching": False}
         assert info.extra["disable_custom_rotary"] is False
+        threads = info.extra["threads"]  # in this process vLLM's single-process executor binds nothing
+        assert threads["executor"] == "uni" and threads["torch_threads"] >= 1 and threads["affinity"]
 
     def test_engine_core_in_its_own_process_gives_the_same_states(self, llama):
         """vLLM's default multiprocessing (EngineCore spawned from the worker run with -m) works and agrees."""
@@ -146,7 +148,8 @@ class TestTinyLlamaFloat32:
         batch = samples_of([40, 3, 300], seed=3)
         with engine("vllm", path, "float32", max_num_batched_tokens=CHUNK, engine_core_process=True) as other:
             got = other.capture(batch)
-            assert other.info().extra["engine_core"] == "own process"
+            extra = other.info().extra
+            assert extra["engine_core"] == "own process" and extra["threads"]["executor"] == "mp"  # vLLM binds here
         for a, b in zip(eng.capture(batch), got):
             assert torch.equal(a.hidden_states_TPH, b.hidden_states_TPH) and np.array_equal(a.input_ids_T,
                                                                                              b.input_ids_T)

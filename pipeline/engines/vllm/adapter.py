@@ -259,6 +259,7 @@ class VLLMEngine(Engine):
                    "attention": f["attention"], "attention_requested": {"backend": backend, "by": why},
                    "rotary": f["rotary"], "disable_custom_rotary": self.opts.disable_custom_rotary,
                    "custom_ops": f["custom_ops"], "scheduler": f["scheduler"], "device": f["device"],
+                   "threads": f["threads"],
                    "parameter_dtypes": f["parameter_dtypes"],
                    "engine_core": "own process" if self._own_process else "in the adapter's process",
                    "environment": {k: os.environ.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE",

@@ -4,6 +4,7 @@ Runs in the vLLM worker process through `CaptureExtension.capture_facts`; return
 """
 from __future__ import annotations
 
+import os
 from enum import Enum
 from typing import Any
 
@@ -61,6 +62,15 @@ def linear_methods(model: torch.nn.Module) -> list[str]:
                    and m.quant_method is not None})
 
 
+def threads(parallel: Any) -> dict[str, Any]:
+    """The threads the model computes on, read in the process that runs it: on CPU vLLM binds them itself in its
+    multiprocessing executor (docs/engines.md#vllm-cpu-threads)."""
+    return {"torch_threads": torch.get_num_threads(), "affinity": sorted(os.sched_getaffinity(0)),
+            "executor": str(parallel.distributed_executor_backend),
+            **{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND",
+                                              "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")}}
+
+
 def collect(worker: Any) -> dict[str, Any]:
     runner = worker.model_runner
     model = runner.get_model()
@@ -81,4 +91,5 @@ def collect(worker: Any) -> dict[str, Any]:
                       "prefix_caching": bool(config.cache_config.enable_prefix_caching)},
         "custom_ops": list(config.compilation_config.custom_ops),
         "device": str(runner.device),
+        "threads": threads(parallel),
     }
