@@ -10,7 +10,6 @@ from __future__ import annotations
 
 # torch and transformers are imported inside the functions that convert: a cached ensure_model() stays cheap.
 import contextlib
-import hashlib
 import io
 import json
 import shutil
@@ -23,6 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.io import sha256_file
 from pipeline.models.built import CONVERSION
 
 # What shapes the converted files besides the pinned inputs (their versions enter the builder digest).
@@ -53,16 +53,9 @@ class Packaged:
         return asdict(self)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def _check(path: Path, expected: str, what: str) -> None:
-    got = _sha256(path)
+    got = sha256_file(path)
     if got != expected:
         raise DigestMismatch(f"{what}: sha256 {got}, expected {expected}; it is not the file the recipe pins "
                              f"(remove it to download it again, or check where it came from)")

@@ -8,7 +8,6 @@ kept byte for byte, config.json gains the format's quantization_config, the toke
 from __future__ import annotations
 
 # torch and safetensors are imported inside the functions that build: a cached ensure_model() stays cheap.
-import hashlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.io import sha256_file
 from pipeline.models.built import CONVERSION, MARKER
 
 # What shapes the twin's files besides the base model (their versions enter the builder digest).
@@ -71,7 +71,7 @@ def twin_record(recipe: Int4Twin, base_dir: Path, num_modules: int) -> dict[str,
     record = json.loads(base.read_text()) if base.is_file() else {}
     weights = int4.quantization_config(int4.FORMATS[recipe.format])["config_groups"]["group_0"]["weights"]
     record["quantization"] = {
-        "base": recipe.base, "base_weights_sha256": _sha256(base_dir / _WEIGHTS),
+        "base": recipe.base, "base_weights_sha256": sha256_file(base_dir / _WEIGHTS),
         "format": f"compressed-tensors pack-quantized ({recipe.format})",
         "modules": f"{int4.FORMATS[recipe.format].what}: {num_modules} modules; every other tensor kept as stored",
         "weights": {k: weights[k] for k in ("num_bits", "type", "symmetric", "strategy", "group_size", "observer")},
@@ -81,13 +81,6 @@ def twin_record(recipe: Int4Twin, base_dir: Path, num_modules: int) -> dict[str,
     }
     return record
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _write_json(path: Path, obj: Any) -> None:
