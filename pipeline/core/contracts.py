@@ -105,6 +105,68 @@ class PointSource:
     method: str  # e.g. "hf output_hidden_states[3]", "forward hook on model.norm input"
 
 
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """How one generation request samples, as the regeneration stage asks for it (pipeline/regen/sampling.py);
+    what the engine really applied comes back in `Generation.applied`."""
+
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k cut
+    max_tokens: int = 1024  # generated tokens at most; a turn stopped here is truncated (finish_reason "length")
+    seed: int | None = None  # per request (the stage derives one per record and sample from the configured seed)
+    stop_token_ids: tuple[int, ...] = ()  # end-of-turn ids: generation stops after emitting one (kept in the ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                "max_tokens": self.max_tokens, "seed": self.seed, "stop_token_ids": list(self.stop_token_ids)}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "Sampling":
+        return cls(**{**raw, "stop_token_ids": tuple(raw.get("stop_token_ids", ()))})
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationRequest:
+    """Continue `prompt_ids` (rendered by the model's own chat template, never re-tokenised by the engine)."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    sampling: Sampling
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "prompt_ids": list(self.prompt_ids), "sampling": self.sampling.to_dict()}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "GenerationRequest":
+        return cls(request_id=raw["request_id"], prompt_ids=tuple(raw["prompt_ids"]),
+                   sampling=Sampling.from_dict(raw["sampling"]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Generation:
+    """What the engine generated for one request: the ids exactly as produced (a stop id it emitted included), why it
+    stopped ("stop": an end-of-turn id; "length": max_tokens reached) and the sampling values it really applied, its
+    own defaults included (read from the engine's sampling objects, not echoed from the request)."""
+
+    request_id: str
+    output_ids: tuple[int, ...]
+    finish_reason: str
+    applied: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "output_ids": list(self.output_ids),
+                "finish_reason": self.finish_reason, "applied": self.applied}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "Generation":
+        return cls(request_id=raw["request_id"], output_ids=tuple(raw["output_ids"]),
+                   finish_reason=raw["finish_reason"], applied=dict(raw.get("applied") or {}))
+
+
+FINISH_REASONS = ("stop", "length")
+
+
 # EngineInfo.extra's key for the CPU threads an engine's forward ran on, where they change the bits (bf16 CPU kernels);
 # also a key of every shard's metadata (pipeline.provenance.compact), so a resume sees what each shard was made with.
 CPU_THREADS = "cpu_threads"

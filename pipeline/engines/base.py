@@ -7,12 +7,22 @@ vllm, sglang) happen inside the adapters.
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Sequence
+from typing import ClassVar, Literal, Sequence
 
 from pipeline.core.cli import UsageError
-from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, PreparedSample
+from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, Generation, GenerationRequest, PreparedSample
 from pipeline.engines.options import EngineOptions
 from pipeline.points import Point
+
+
+# What an engine is started for: capturing hidden states (extract, diff) or generating answers (regenerate). An adapter
+# may start other machinery for each (SGLang: its model runner to capture, its scheduler to generate).
+Task = Literal["capture", "generate"]
+TASKS = ("capture", "generate")
+
+
+class GenerationUnsupported(UsageError, NotImplementedError):
+    """This engine cannot generate (or not here); the message says why."""
 
 
 class EngineStartError(UsageError, RuntimeError):
@@ -45,8 +55,11 @@ class Engine(abc.ABC):
     options_type: ClassVar[type[EngineOptions] | None] = EngineOptions
 
     def __init__(self, spec: EngineSpec, *, model_path: str, points: Sequence[Point], num_layers: int,
-                 trust_remote_code: bool = False, max_seq_len: int | None = None) -> None:
+                 trust_remote_code: bool = False, max_seq_len: int | None = None, task: Task = "capture") -> None:
+        if task not in TASKS:
+            raise ValueError(f"engine task={task!r}: must be one of {TASKS}")
         self.spec = spec
+        self.task: Task = task
         self.model_path = model_path
         # model.trust_remote_code: whether the checkpoint's own Python files (auto_map) may run where it is loaded.
         self.trust_remote_code = bool(trust_remote_code)
@@ -66,6 +79,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def capture(self, samples: Sequence[PreparedSample]) -> list[Capture]:
         """Run one forward pass over the batch; one Capture per sample, in input order."""
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Continue each request's prompt ids (the engine batches them as it schedules); one Generation per request,
+        in request order. Only on an engine made with task="generate"."""
+        raise GenerationUnsupported(f"engine={self.spec.name!r} cannot generate")
 
     @abc.abstractmethod
     def info(self) -> EngineInfo:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from pipeline.core.contracts import EngineSpec
-from pipeline.engines.base import Engine
+from pipeline.engines.base import Engine, Task
 from pipeline.engines.options import EngineOptions
 from pipeline.engines.process.remote import RemoteEngine
 from pipeline.points import Point
@@ -89,16 +89,18 @@ def engine_python(cls: type[Engine], options: dict) -> str | None:
 
 
 def make_engine(spec: EngineSpec, *, model_path: str, points: Sequence[Point], num_layers: int,
-                trust_remote_code: bool = False, max_seq_len: int | None = None) -> Engine:
+                trust_remote_code: bool = False, max_seq_len: int | None = None, task: Task = "capture") -> Engine:
     """An engine ready to start: in this process, or in a worker running in the engine's own environment;
-    `max_seq_len`: the longest sequence the caller will send, when it knows (`Engine.max_seq_len`)."""
+    `max_seq_len`: the longest sequence the caller will send, when it knows (`Engine.max_seq_len`); `task`: what it
+    is started for (`Engine.task`)."""
     cls = engine_class(spec.name)
     exe = engine_python(cls, spec.options)
     if exe is None:
         return cls(spec, model_path=model_path, points=points, num_layers=num_layers,
-                   trust_remote_code=trust_remote_code, max_seq_len=max_seq_len)
+                   trust_remote_code=trust_remote_code, max_seq_len=max_seq_len, task=task)
     if not Path(exe).exists():
         raise FileNotFoundError(f"engine={spec.name!r} runs in its own environment, but {exe} does not exist; "
                                 f"run scripts/setup.sh (or set engine.options.python)")
     return RemoteEngine(spec, target=_REGISTRY[spec.name], python=exe, model_path=model_path, points=points,
-                        num_layers=num_layers, trust_remote_code=trust_remote_code, max_seq_len=max_seq_len)
+                        num_layers=num_layers, trust_remote_code=trust_remote_code, max_seq_len=max_seq_len,
+                        task=task)

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, PreparedSample
-from pipeline.engines.base import Engine
+from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, Generation, GenerationRequest, PreparedSample
+from pipeline.engines.base import Engine, Task
 from pipeline.engines.process import wire
 from pipeline.points import Point
 
@@ -49,9 +49,10 @@ class RemoteEngine(Engine):
     options_type = None  # the adapter parses them in its worker
 
     def __init__(self, spec: EngineSpec, *, target: str, python: str, model_path: str, points: Sequence[Point],
-                 num_layers: int, trust_remote_code: bool = False, max_seq_len: int | None = None) -> None:
+                 num_layers: int, trust_remote_code: bool = False, max_seq_len: int | None = None,
+                 task: Task = "capture") -> None:
         super().__init__(spec, model_path=model_path, points=points, num_layers=num_layers,
-                         trust_remote_code=trust_remote_code, max_seq_len=max_seq_len)
+                         trust_remote_code=trust_remote_code, max_seq_len=max_seq_len, task=task)
         self.name = spec.name
         self.target, self.python = target, python
         self._proc: subprocess.Popen | None = None
@@ -88,7 +89,8 @@ class RemoteEngine(Engine):
         self._spawn()
         init = {"spec": self.spec.describe(), "model_path": self.model_path,
                 "points": [p.label for p in self.points], "num_layers": self.num_layers,
-                "trust_remote_code": self.trust_remote_code, "max_seq_len": self.max_seq_len}
+                "trust_remote_code": self.trust_remote_code, "max_seq_len": self.max_seq_len,
+                "task": self.task}
         self._call({"op": "init", "init": init})
         self._call({"op": "start"})
 
@@ -102,6 +104,10 @@ class RemoteEngine(Engine):
         reply, out = self._call({"op": "capture", "samples": meta}, tensors)
         return [Capture(sample_id=sid, input_ids_T=out[f"ids/{i}"].numpy(), hidden_states_TPH=out[f"hs/{i}"])
                 for i, sid in enumerate(reply["sample_ids"])]
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        reply, _ = self._call({"op": "generate", "requests": [r.to_dict() for r in requests]})
+        return [Generation.from_dict(g) for g in reply["generations"]]
 
     def call(self, method: str, *args: Any) -> Any:
         """An engine-specific extra, run in the worker (JSON-able arguments and result)."""

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.core.contracts import EngineSpec, PreparedSample
+from pipeline.core.contracts import EngineSpec, GenerationRequest, PreparedSample
 from pipeline.engines.process import wire
 from pipeline.points import parse_points
 
@@ -28,7 +28,8 @@ def _load(target: str, init: dict[str, Any]):
     cls = getattr(importlib.import_module(module_name), cls_name)
     points = parse_points(init["points"], num_layers=init["num_layers"])
     return cls(EngineSpec(**init["spec"]), model_path=init["model_path"], points=points, num_layers=init["num_layers"],
-               trust_remote_code=bool(init.get("trust_remote_code", False)), max_seq_len=init.get("max_seq_len"))
+               trust_remote_code=bool(init.get("trust_remote_code", False)), max_seq_len=init.get("max_seq_len"),
+               task=init.get("task", "capture"))
 
 
 def _samples(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[PreparedSample]:
@@ -51,6 +52,9 @@ def _handle(engine, header: dict[str, Any], tensors: dict[str, torch.Tensor]):
             out[f"hs/{i}"] = c.hidden_states_TPH
             out[f"ids/{i}"] = torch.from_numpy(np.ascontiguousarray(c.input_ids_T, dtype=np.int64))
         return {"ok": True, "sample_ids": [c.sample_id for c in captures]}, out
+    if op == "generate":  # token ids as JSON lists: small beside the forward they cost
+        generations = engine.generate([GenerationRequest.from_dict(r) for r in header["requests"]])
+        return {"ok": True, "generations": [g.to_dict() for g in generations]}, None
     if op == "call":  # engine-specific extras (e.g. a determinism probe), by method name
         return {"ok": True, "result": getattr(engine, header["method"])(*header.get("args", []))}, None
     raise ValueError(f"unknown op {op!r}")
