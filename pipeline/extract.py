@@ -17,6 +17,7 @@ from pipeline.core.claim import ClaimLost, DirBusy  # noqa: E402
 from pipeline.engines.base import EngineStartError  # noqa: E402
 from pipeline.factory import build_step  # noqa: E402
 from pipeline.run.gate import DiffGateError, describe, describe_storage  # noqa: E402
+from pipeline.run.answers import answers_line  # noqa: E402
 from pipeline.run.job import NoValidRecords, count_text, run_extract  # noqa: E402
 
 register_configs()
@@ -68,6 +69,8 @@ def extract(cfg: DictConfig) -> None:
           f"({reasons}see rejects.parquet); {summary.num_truncated} truncated to data.max_length; "
           f"{summary.seconds:.1f}s")
     print(f"capture points: {', '.join(summary.points)}")
+    if (line := answers_line(summary.regeneration, summary.engine)) is not None:
+        print(line)
     for line in describe(summary.gate, summary.seconds) + describe_storage(summary.storage, summary.gate):
         print(line)
     print(f"check it with: python -m pipeline.verify {summary.out_dir}")

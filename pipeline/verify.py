@@ -1,4 +1,5 @@
-"""`python -m pipeline.verify RUN_DIR [--key PUB]`: check a finished run directory before training on it.
+"""`python -m pipeline.verify RUN_DIR [--key PUB]`: check a finished run directory before training on it, or a
+finished regeneration directory (pipeline.regenerate's) before extracting it (pipeline/shards/verify_regen.py).
 
 With --key (the signer's Ed25519 public key, PEM), the run's attestation must carry a signature by that key and every
 file must be what it attests: what is proven with and without a key is README.md's "What verify proves".
@@ -17,9 +18,11 @@ from pipeline.core.cli import ExitCode, interrupts_from_here, run_command
 
 interrupts_from_here(__name__, "verify")  # before the imports below (seconds): Ctrl-C there is one line too
 
+from pipeline.data.regenerated import is_regeneration  # noqa: E402
 from pipeline.shards import attestation  # noqa: E402
 from pipeline.shards.manifest import read_manifest  # noqa: E402
 from pipeline.shards.verify import verify_run  # noqa: E402
+from pipeline.shards.verify_regen import summary, verify_regeneration  # noqa: E402
 
 
 def _summary(run_dir: Path, manifest: dict, key) -> str:
@@ -40,6 +43,8 @@ def verify(argv: Sequence[str] | None) -> ExitCode:
     parser.add_argument("--key", type=Path, default=None, metavar="PUB",
                         help="the Ed25519 public key (PEM) whose private half signed the run (extract's sign_key)")
     args = parser.parse_args(argv)
+    if is_regeneration(args.run_dir):
+        return _verify_regeneration(args.run_dir)
     key = None if args.key is None else attestation.load_public_key(args.key)  # AttestationKeyError: exit 2
     manifest = read_manifest(args.run_dir)  # ManifestError: not a finished run
     problems = verify_run(args.run_dir, key=key)
@@ -49,6 +54,17 @@ def verify(argv: Sequence[str] | None) -> ExitCode:
         print(f"{len(problems)} problem(s) in {args.run_dir}", file=sys.stderr)
         return ExitCode.REFUSED
     print(_summary(args.run_dir, manifest, key))
+    return ExitCode.OK
+
+
+def _verify_regeneration(root: Path) -> ExitCode:
+    problems = verify_regeneration(root)
+    if problems:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        print(f"{len(problems)} problem(s) in {root}", file=sys.stderr)
+        return ExitCode.REFUSED
+    print(summary(root))
     return ExitCode.OK
 
 

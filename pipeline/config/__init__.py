@@ -5,6 +5,7 @@ from pipeline.config.compose import config_groups, exit_on_unknown_overrides, re
 from pipeline.config.entries import CONF_DIR
 from pipeline.config.model_group import check_model_group, model_group_overrides
 from pipeline.config.overrides import exit_on_bad_overrides
+from pipeline.config.regen_schema import RegenerateConfig, SamplingConfig
 from pipeline.config.schema import (
     AlignmentConfig,
     CaptureConfig,
@@ -22,6 +23,7 @@ from pipeline.config.schema import (
 )
 
 __all__ = ["AlignmentConfig", "CaptureConfig", "CONF_DIR", "ConfigError", "DataConfig", "DiffConfig", "DiffJobConfig",
-           "ExtractConfig", "GateConfig", "ModelConfig", "ProbeConfig", "RoutingFlipConfig", "RunnerConfig", "Thresholds",
+           "ExtractConfig", "GateConfig", "ModelConfig", "ProbeConfig", "RegenerateConfig", "RoutingFlipConfig", "RunnerConfig",
+           "SamplingConfig", "Thresholds",
            "check_model_group", "config_groups", "exit_on_bad_overrides", "exit_on_unknown_overrides",
            "model_group_overrides", "register_configs", "resolved_dict", "to_config"]

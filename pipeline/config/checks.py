@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pipeline.config.schema import ConfigError, DataConfig, ModelConfig
 from pipeline.data.remote_code import RemoteCodeError, check_remote_code
+from pipeline.data.regenerated import is_regeneration, read_manifest
 from pipeline.data.sources import check_readable
 from pipeline.models.built import built_model_dir
 from pipeline.models.info import ModelInfo, read_model_info
@@ -44,6 +45,13 @@ def check_points_named(values: list, field_name: str, info: ModelInfo) -> None:
 
 
 def check_data_path(data: DataConfig) -> None:
+    """A readable prompt file, or a finished regeneration directory (pipeline.regenerate's)."""
+    if is_regeneration(Path(data.path)):
+        try:
+            read_manifest(Path(data.path))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"data.path={data.path!r}: {e}") from e
+        return
     try:
         check_readable(data.path)
     except (OSError, ValueError) as e:

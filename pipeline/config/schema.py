@@ -53,6 +53,9 @@ class ModelConfig:
     # Run the Python files the checkpoint ships (auto_map: Kimi's tokenizer). Off unless asked for: they run with this
     # process's rights. Provenance records the setting and each file's sha256.
     trust_remote_code: bool = False
+    # The sampling the model's authors publish (temperature, top_p, top_k, max_tokens): what regeneration samples with
+    # where sampling.* is left unset (pipeline/config/regen_schema.py).
+    sampling: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _require(self.path is not None or self.build is not None, "model.path", self.path,

@@ -47,6 +47,8 @@ class PreparedData:
     loss_mask: dict[str, Any] = field(default_factory=dict)
     samples: list[PreparedSample] = field(default_factory=list)
     rejects: list[Reject] = field(default_factory=list)
+    # data from a regeneration directory: who wrote the answers (pipeline.run.answers), for provenance
+    regeneration: dict[str, Any] | None = None
 
 
 def prepare(

@@ -84,8 +84,10 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def parse_record(value: Any) -> Parsed:
-    """The conversation or text a record holds; raises RecordError naming what is wrong with it."""
+def parse_record(value: Any, *, require_answer: bool = True) -> Parsed:
+    """The conversation or text a record holds; raises RecordError naming what is wrong with it. With
+    `require_answer` (extract: it trains on the record's answers) a conversation needs an assistant turn; regeneration
+    writes the answers, so a prompt alone is a record there."""
     if not isinstance(value, dict):
         raise RecordError("not_an_object", f"record is a JSON {_kind(value)}, expected an object")
     if (depth := measure(value)[1]) > MAX_JSON_DEPTH:
@@ -97,13 +99,14 @@ def parse_record(value: Any) -> Parsed:
     _reject_media_fields(present)
     tools = _tools(present.get("tools"))
     if "messages" in present:
-        messages = _parse_turns(present["messages"], "messages", ("role", "content"), OPENAI_ROLES)
+        messages = _parse_turns(present["messages"], "messages", ("role", "content"), OPENAI_ROLES, require_answer)
         return Parsed(messages=messages, tools=tools)
     if "conversations" in present:
         turns = present["conversations"]
-        return Parsed(messages=_parse_turns(turns, "conversations", ("from", "value"), SHAREGPT_ROLES), tools=tools)
+        return Parsed(messages=_parse_turns(turns, "conversations", ("from", "value"), SHAREGPT_ROLES, require_answer),
+                      tools=tools)
     if "prompt" in present:
-        return Parsed(messages=_parse_prompt(present), tools=tools)
+        return Parsed(messages=_parse_prompt(present, require_answer), tools=tools)
     if "text" in present:
         return Parsed(text=_text_content(present["text"], "text"))
     raise RecordError(
@@ -126,9 +129,11 @@ def _tools(tools: Any) -> list[Any] | None:
     return tools
 
 
-def _parse_turns(turns: Any, field: str, keys: tuple[str, str], roles: dict[str, str]) -> list[dict[str, Any]]:
+def _parse_turns(turns: Any, field: str, keys: tuple[str, str], roles: dict[str, str],
+                 require_answer: bool = True) -> list[dict[str, Any]]:
     messages = _turns(turns, field, keys, roles)
-    _require_assistant(messages)
+    if require_answer:
+        _require_assistant(messages)
     return messages
 
 
@@ -172,7 +177,7 @@ def _tool_fields(turn: dict[str, Any], role: str, where: str) -> dict[str, Any]:
     return extra
 
 
-def _parse_prompt(record: dict[str, Any]) -> list[dict[str, str]]:
+def _parse_prompt(record: dict[str, Any], require_answer: bool = True) -> list[dict[str, str]]:
     messages = []
     if "system" in record:
         messages.append({"role": "system", "content": _text_content(record["system"], "system")})
@@ -180,7 +185,8 @@ def _parse_prompt(record: dict[str, Any]) -> list[dict[str, str]]:
     answer_field = "response" if "response" in record else "completion"
     if answer_field in record:
         messages += _prompt_part(record[answer_field], answer_field, "assistant")
-    _require_assistant(messages)
+    if require_answer:
+        _require_assistant(messages)
     return messages
 
 
@@ -192,7 +198,7 @@ def _prompt_part(value: Any, field: str, role: str) -> list[dict[str, str]]:
 
 
 def _require_assistant(messages: list[dict[str, Any]]) -> None:
-    # Generating missing answers is the job of a regeneration stage, not of data preparation.
+    # Generating missing answers is the regeneration stage's job (pipeline.regenerate), not data preparation's.
     if not any(message["role"] == "assistant" for message in messages):
         roles = [message["role"] for message in messages]
         raise RecordError("no_assistant_turn", f"no assistant turn to train on; roles: {roles}")

@@ -11,7 +11,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from pipeline.core.contracts import CPU_THREADS, Capture, EngineInfo, PointSource, PreparedSample
+from pipeline.core.contracts import (CPU_THREADS, Capture, EngineInfo, Generation, GenerationRequest, PointSource,
+                                     PreparedSample)
 from pipeline.engines.base import Engine
 from pipeline.engines.hf_options import HFOptions
 from pipeline.models.hf_text import load_text_model
@@ -93,6 +94,32 @@ class HFEngine(Engine):
                     hidden_states_TPH=stacked[i, : s.num_tokens].clone())
             for i, s in enumerate(samples)
         ]
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """One request at a time (the slow reference: no padding, so no batch can change a request's ids)."""
+        return [self._generate_one(r) for r in requests]
+
+    def _generate_one(self, request: GenerationRequest) -> Generation:
+        import transformers
+
+        s = request.sampling
+        config = transformers.GenerationConfig.from_dict(
+            {**self.model.generation_config.to_dict(), "max_new_tokens": s.max_tokens,
+             "do_sample": s.temperature > 0, "temperature": s.temperature or 1.0, "top_p": s.top_p,
+             "top_k": s.top_k or None, "eos_token_id": list(s.stop_token_ids) or None,
+             "pad_token_id": self._pad_id, "max_length": None})
+        if s.temperature > 0:
+            torch.manual_seed(s.seed if s.seed is not None else 0)  # transformers samples from torch's global RNG
+        ids = torch.tensor([list(request.prompt_ids)], dtype=torch.long)
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        output = out[0, ids.shape[1]:].tolist()
+        stopped = bool(output) and output[-1] in s.stop_token_ids
+        applied = {key: getattr(config, key) for key in ("do_sample", "temperature", "top_p", "top_k", "min_p",
+                                                          "repetition_penalty", "max_new_tokens", "eos_token_id")}
+        applied.update(seed=s.seed if s.temperature > 0 else None, rng="torch global generator, seeded per request")
+        return Generation(request_id=request.request_id, output_ids=tuple(output),
+                          finish_reason="stop" if stopped else "length", applied=applied)
 
     def _point_sources(self) -> list[PointSource]:
         sources = []

@@ -1,8 +1,10 @@
 """The capture stage: one work unit (the samples of one shard) -> engine batches -> validation -> one shard.
 
 A stage knows nothing of how it is run; executors (local, Ray) hand it units and skip finished ones. A unit has two
-halves: `capture` (the engine's) and `write` (validation, safetensors + parquet, checksums: the driver's CPU). An
+halves: `compute` (the engine's) and `write` (validation, safetensors + parquet, checksums: the driver's CPU). An
 engine computing on GPUs leaves the host idle, so `run_units` can write unit k while the engine captures unit k+1.
+The regeneration stage (pipeline/regen/stage.py) has the same two halves and runs through the same executors: the
+`Stage` and `StagePlan` shapes below are what an executor needs of either.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from pipeline.core.contracts import Capture, PreparedSample, Reject
 from pipeline.core.io import sha256_file
@@ -22,6 +24,25 @@ from pipeline.shards.layout import rejects_path
 from pipeline.shards.validate import capture_reject
 from pipeline.shards.writer import ShardEntry, completed_shard, write_shard
 
+
+
+class Stage(Protocol):
+    """A stage bound to one engine: `compute` is the engine's half of a unit, `write` the driver's."""
+
+    def compute(self, items: Sequence[Any]) -> Any: ...
+
+    def write(self, run_dir: Path, index: int, items: Sequence[Any], computed: Any) -> Any: ...
+
+
+class StagePlan(Protocol):
+    """What an executor runs (small and picklable: it travels to Ray actors): the stage for a replica's engine, and
+    the result of a unit an earlier invocation finished (None: still to run)."""
+
+    overlap_writes: bool
+
+    def stage(self, engine: Engine) -> Stage: ...
+
+    def finished(self, run_dir: Path, index: int) -> Any: ...
 
 
 @dataclass(kw_only=True)
@@ -53,6 +74,12 @@ class StageSettings:
     overlap_writes: bool = False  # write unit k while unit k+1 is captured (runner.overlap_writes)
     lease_token: str | None = None  # the run directory's lease (pipeline.run.outdir): checked before a shard is finished
 
+    def stage(self, engine: Engine) -> "CaptureStage":
+        return CaptureStage(engine=engine, settings=self)
+
+    def finished(self, run_dir: Path, index: int) -> UnitResult | None:
+        return finished_unit(run_dir, index)
+
 
 def _checksums_match(run_dir: Path, entry: ShardEntry) -> bool:
     return all(sha256_file(run_dir / rel) == info["sha256"] for rel, info in entry.files.items())
@@ -66,11 +93,13 @@ def finished_unit(run_dir: Path, index: int) -> UnitResult | None:
     return UnitResult(index=index, entry=entry, rejects=read_rejects(rejects_path(run_dir, index)), skipped=True)
 
 
-def unfinished_units(run_dir: Path, num_units: int, on_finished: Callable[[UnitResult], None]) -> list[int]:
-    """Indices of the units still to run; each unit finished by an earlier invocation goes to `on_finished`."""
+def unfinished_units(run_dir: Path, num_units: int, on_finished: Callable[[Any], None],
+                     plan: StagePlan | None = None) -> list[int]:
+    """Indices of the units still to run; each unit finished by an earlier invocation (as `plan` judges it: the
+    capture stage's shards by default) goes to `on_finished`."""
     todo = []
     for index in range(num_units):
-        finished = finished_unit(run_dir, index)
+        finished = plan.finished(run_dir, index) if plan is not None else finished_unit(run_dir, index)
         if finished is None:
             todo.append(index)
         else:
@@ -90,6 +119,8 @@ class CaptureStage:
             for sample, capture in zip(batch, self.engine.capture(batch)):
                 captures[sample.sample_id] = capture
         return captures
+
+    compute = capture
 
     def write(self, run_dir: Path, index: int, samples: Sequence[PreparedSample],
               captures: Mapping[str, Capture]) -> UnitResult:
@@ -124,8 +155,8 @@ class CaptureStage:
         return self.write(run_dir, index, samples, self.capture(samples))
 
 
-def run_units(stage: CaptureStage, run_dir: Path, units: Iterable[tuple[int, Sequence[PreparedSample]]],
-              on_done: Callable[[UnitResult], None], *, overlap: bool) -> None:
+def run_units(stage: Stage, run_dir: Path, units: Iterable[tuple[int, Sequence[Any]]],
+              on_done: Callable[[Any], None], *, overlap: bool) -> None:
     """Run units in order; with `overlap`, unit k is written on a thread while the engine captures unit k+1.
 
     Overlapped, at most two units' captures are in memory (the one being written, the one just captured). A failed
@@ -134,12 +165,12 @@ def run_units(stage: CaptureStage, run_dir: Path, units: Iterable[tuple[int, Seq
     """
     if not overlap:
         for index, samples in units:
-            on_done(stage.run_unit(run_dir, index, samples))
+            on_done(stage.write(run_dir, index, samples, stage.compute(samples)))
         return
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer") as writer:
         pending: Future[UnitResult] | None = None
         for index, samples in units:
-            captures = stage.capture(samples)
+            captures = stage.compute(samples)
             if pending is not None:
                 on_done(pending.result())
             pending = writer.submit(stage.write, run_dir, index, samples, captures)

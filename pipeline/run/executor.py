@@ -16,10 +16,10 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 from pipeline.core.cli import RunFailed
 from pipeline.core.contracts import CPU_THREADS, Capture, EngineInfo, EngineSpec, PreparedSample
 from pipeline.core.stfile import read_header
-from pipeline.engines.base import Engine
+from pipeline.engines.base import Engine, Task
 from pipeline.engines.registry import make_engine
 from pipeline.points import Point
-from pipeline.run.capture import StageSettings, UnitResult, unfinished_units
+from pipeline.run.capture import StagePlan, UnitResult, unfinished_units
 from pipeline.run.progress import RunProgress
 
 T = TypeVar("T")
@@ -33,21 +33,22 @@ class UnitsFailed(RunFailed, RuntimeError):
 
 class Executor(abc.ABC):
     def __init__(self, spec: EngineSpec, *, model_path: str, points: Sequence[Point], num_layers: int,
-                 trust_remote_code: bool = False) -> None:
-        self.spec = spec
+                 trust_remote_code: bool = False, task: Task = "capture") -> None:
+        self.spec, self.task = spec, task
         self.model_path, self.points, self.num_layers = model_path, list(points), num_layers
         self.trust_remote_code = trust_remote_code
         self.max_seq_len: int | None = None  # set by `expect` once the data is prepared
         self.make_engine()  # constructing loads nothing; an engine whose adapter or environment is absent fails here
 
-    def expect(self, samples: Sequence[PreparedSample]) -> None:
-        """Tell the engines (before they start) the longest sequence they will be sent: the run's samples."""
-        self.max_seq_len = max((s.num_tokens for s in samples), default=None)
+    def expect(self, samples: Sequence[PreparedSample] = (), *, longest: int | None = None) -> None:
+        """Tell the engines (before they start) the longest sequence they will be sent: the run's samples, or
+        `longest` tokens (a regeneration: prompt and answer together)."""
+        self.max_seq_len = longest if longest is not None else max((s.num_tokens for s in samples), default=None)
 
     def make_engine(self) -> Engine:
         """One replica's engine, not started (also what a Ray actor calls, in its own process)."""
         return make_engine(self.spec, model_path=self.model_path, points=self.points, num_layers=self.num_layers,
-                           trust_remote_code=self.trust_remote_code, max_seq_len=self.max_seq_len)
+                           trust_remote_code=self.trust_remote_code, max_seq_len=self.max_seq_len, task=self.task)
 
     @abc.abstractmethod
     def __enter__(self) -> "Executor":
@@ -70,21 +71,22 @@ class Executor(abc.ABC):
         """Capture one batch on a replica without writing anything (the diff gate's probe)."""
 
     @abc.abstractmethod
-    def _run_units(self, settings: StageSettings, run_dir: Path, units: Sequence[Sequence[PreparedSample]],
+    def _run_units(self, settings: StagePlan, run_dir: Path, units: Sequence[Sequence[Any]],
                    todo: list[int], done: OnDone) -> dict[int, str]:
         """Run the units `todo`, calling `done` with each result; return the error of each unit that failed."""
 
-    def run(self, settings: StageSettings, run_dir: Path,
-            units: Sequence[Sequence[PreparedSample]]) -> list[UnitResult]:
+    def run(self, settings: StagePlan, run_dir: Path, units: Sequence[Sequence[Any]],
+            progress: RunProgress | None = None) -> list[Any]:
         """Every unit's result in unit order; units finished by an earlier invocation are checked and skipped."""
-        results: dict[int, UnitResult] = {}
-        with RunProgress(units) as progress:
+        results: dict[int, Any] = {}
+        with progress or RunProgress(units) as progress:
             def done(result: UnitResult) -> None:
                 results[result.index] = result
                 progress.unit_done(result)
 
-            todo = unfinished_units(run_dir, len(units), done)
-            if results and todo and (warning := mixed_threads(run_dir, list(results.values()), settings.metadata)):
+            todo = unfinished_units(run_dir, len(units), done, settings)
+            if results and todo and (warning := mixed_threads(run_dir, list(results.values()),
+                                                                          getattr(settings, "metadata", {}))):
                 log.warning("%s", warning)
             failures = self._run_units(settings, run_dir, units, todo, done)
         if failures:

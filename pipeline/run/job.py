@@ -15,6 +15,8 @@ from pipeline.config import ConfigError, resolved_dict, to_config
 from pipeline.core.cli import UsageError
 from pipeline.data.mask import MaskOptions
 from pipeline.data.prepare import PreparedData, prepare, write_rejects
+from pipeline.data.regenerated import is_regeneration, read_regenerated
+from pipeline.run.answers import answers_of, check_answers
 from pipeline.data.remote_code import RemoteCodeError, load_tokenizer
 from pipeline.run.capture import StageSettings, UnitResult
 from pipeline.run.executor import Executor
@@ -51,6 +53,8 @@ class RunSummary:
     num_truncated: int = 0  # samples cut to data.max_length (data.length_policy=truncate) among those written
     storage: dict[str, Any] | None = None  # the manifest's storage record: dtype, rounding error, bytes per token
     rejects_by_reason: dict[str, int] | None = None  # the manifest's reject counts by reason
+    regeneration: dict[str, Any] | None = None  # data from a regeneration directory: who wrote the answers
+    engine: Any = None  # the capturing engine's EngineInfo
 
 
 def _prepare(run: ResolvedRun) -> tuple[PreparedData, str | None]:
@@ -60,8 +64,13 @@ def _prepare(run: ResolvedRun) -> tuple[PreparedData, str | None]:
         raise ConfigError(str(e)) from e
     data = run.cfg.data
     try:
-        prepared = prepare(run.data_path, tokenizer, max_length=data.max_length, length_policy=data.length_policy,
-                           limit=data.limit, mask=MaskOptions.of(data))
+        if is_regeneration(run.data_path):  # the target's own answers: their ids as generated, never re-tokenised
+            prepared = answers_of(read_regenerated(
+                run.data_path, tokenizer, max_length=data.max_length, length_policy=data.length_policy,
+                limit=data.limit, train_think_tags=data.train_think_tags, error=ConfigError))
+        else:
+            prepared = prepare(run.data_path, tokenizer, max_length=data.max_length,
+                               length_policy=data.length_policy, limit=data.limit, mask=MaskOptions.of(data))
     except (ValueError, UnicodeDecodeError) as e:  # a file that is not what its format says (e.g. malformed JSON)
         raise ConfigError(f"data.path={str(run.data_path)!r}: {e}") from e
     log.info("prepared %d samples (%d tokens) from %s; %d rejected%s", len(prepared.samples),
@@ -143,6 +152,7 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
     config = resolved_dict(dcfg)
     prepared, chat_template = _prepare(run)
     digests = provenance.model_digests(run.model, chat_template, cfg.model.trust_remote_code)
+    check_answers(prepared.regeneration, digests, run.model.path)
     record = _run_record(run, config, prepared, digests)
     with outdir.claim(run.out_dir, wait=cfg.wait_for_lock) as lock:
         plan = outdir.inspect(run.out_dir, record, overwrite=cfg.overwrite)  # refused before any engine starts
@@ -158,9 +168,12 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
                                max_samples_per_shard=cfg.runner.max_samples_per_shard)
             log.info("%s %s: %d units of at most %d tokens", plan, run.out_dir, len(units),
                      cfg.runner.max_tokens_per_shard)
-            prov = provenance.build(model=run.model, digests=digests, engine=executor.info(), points=run.points,
+            executor_info = executor.info()
+            prov = provenance.build(model=run.model, digests=digests, engine=executor_info, points=run.points,
                                     config=config, diff=outcome.summary, loss_mask=prepared.loss_mask,
-                                    data={"source": prepared.source, "sha256": prepared.source_digest})
+                                    data={"source": prepared.source, "sha256": prepared.source_digest,
+                                          **({"regeneration": prepared.regeneration}
+                                             if prepared.regeneration else {})})
             settings = StageSettings(points=run.points, hidden_size=run.model.hidden_size,
                                      batch_size=cfg.engine.batch_size, storage_dtype=cfg.runner.storage_dtype,
                                      overlap_writes=cfg.runner.overlap_writes, lease_token=lock.token,
@@ -179,4 +192,5 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
                       points=manifest["points"], resumed_shards=sum(r.skipped for r in results),
                       seconds=time.perf_counter() - started, capture_seconds=capture_seconds, gate=outcome,
                       num_truncated=manifest["num_truncated"], storage=manifest["storage"],
-                      rejects_by_reason=manifest["rejects"]["by_reason"])
+                      rejects_by_reason=manifest["rejects"]["by_reason"], regeneration=prepared.regeneration,
+                      engine=executor_info)

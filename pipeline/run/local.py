@@ -6,7 +6,7 @@ from typing import Sequence
 
 from pipeline.core.contracts import Capture, EngineInfo, PreparedSample
 from pipeline.engines.base import Engine, EngineStartError, error_summary
-from pipeline.run.capture import CaptureStage, StageSettings, run_units
+from pipeline.run.capture import StagePlan, run_units
 from pipeline.run.executor import Executor, OnDone
 
 
@@ -34,8 +34,8 @@ class LocalExecutor(Executor):
     def capture(self, samples: Sequence[PreparedSample]) -> list[Capture]:
         return self.engine.capture(samples)
 
-    def _run_units(self, settings: StageSettings, run_dir: Path, units: Sequence[Sequence[PreparedSample]],
+    def _run_units(self, settings: StagePlan, run_dir: Path, units: Sequence[Sequence[object]],
                    todo: list[int], done: OnDone) -> dict[int, str]:
-        stage = CaptureStage(engine=self.engine, settings=settings)
+        stage = settings.stage(self.engine)
         run_units(stage, run_dir, [(index, units[index]) for index in todo], done, overlap=settings.overlap_writes)
         return {}

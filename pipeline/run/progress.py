@@ -13,9 +13,13 @@ log = logging.getLogger("pipeline.run")
 
 
 class RunProgress:
-    """Samples done, captured tokens/s and ETA; units finished by an earlier invocation do not inflate the rate."""
+    """Samples done, tokens/s and ETA; units finished by an earlier invocation do not inflate the rate.
 
-    def __init__(self, units: Sequence[Sequence[PreparedSample]]) -> None:
+    The tokens counted are the units' own (captured tokens), or, for a stage whose results say how many tokens they
+    produced (`result.generated_tokens`: regeneration), those; the ETA then follows the samples left."""
+
+    def __init__(self, units: Sequence[Sequence[PreparedSample]], label: str = "capture") -> None:
+        self._label = label
         self._tokens = [sum(s.num_tokens for s in u) for u in units]
         self._samples = [len(u) for u in units]
         self._num_units = len(units)
@@ -23,8 +27,9 @@ class RunProgress:
         self._captured = 0
         self._captured_samples = 0
         self._started = time.perf_counter()
-        self._bar = live_bar("capture", "{task.fields[samples_s]:>6.1f} samples/s", "{task.fields[tok_s]:>8.0f} tok/s")
-        self._task = self._bar.add_task("capture", total=sum(len(u) for u in units), tok_s=0.0,
+        self._samples_left = sum(self._samples)
+        self._bar = live_bar(label, "{task.fields[samples_s]:>6.1f} samples/s", "{task.fields[tok_s]:>8.0f} tok/s")
+        self._task = self._bar.add_task(label, total=sum(len(u) for u in units), tok_s=0.0,
                                         samples_s=0.0)
 
     def __enter__(self) -> "RunProgress":
@@ -35,14 +40,21 @@ class RunProgress:
         self._bar.stop()
 
     def unit_done(self, result: UnitResult) -> None:
-        tokens, num_samples = self._tokens[result.index], self._samples[result.index]
-        self._left -= tokens
+        produced = getattr(result, "generated_tokens", None)
+        tokens, num_samples = self._tokens[result.index] if produced is None else produced, self._samples[result.index]
+        self._left -= self._tokens[result.index]
+        self._samples_left -= num_samples
         if not result.skipped:  # finished earlier: counts as done, not as throughput
             self._captured += tokens
             self._captured_samples += num_samples
         elapsed = max(time.perf_counter() - self._started, 1e-9)
         rate, sample_rate = self._captured / elapsed, self._captured_samples / elapsed
+        if produced is None:
+            eta = self._left / rate if rate else 0.0
+        else:
+            eta = self._samples_left / sample_rate if sample_rate else 0.0
         self._bar.update(self._task, advance=num_samples, tok_s=rate, samples_s=sample_rate)
-        log.info("unit %d/%d %s: %d samples, %d tokens, %d rejected | %.1f samples/s, %.0f tok/s, ETA %.0fs",
-                 result.index + 1, self._num_units, "skipped (finished earlier)" if result.skipped else "written",
-                 num_samples, tokens, len(result.rejects), sample_rate, rate, self._left / rate if rate else 0.0)
+        log.info("%s unit %d/%d %s: %d samples, %d tokens, %d rejected | %.1f samples/s, %.0f tok/s, ETA %.0fs",
+                 self._label, result.index + 1, self._num_units,
+                 "skipped (finished earlier)" if result.skipped else "written",
+                 num_samples, tokens, len(result.rejects), sample_rate, rate, eta)

@@ -28,7 +28,7 @@ from pipeline.core.contracts import Capture, EngineInfo, PreparedSample
 from pipeline.engines.base import Engine, EngineStartError, error_summary
 from pipeline.engines.process.remote import EngineWorkerError
 from pipeline.engines.registry import make_engine
-from pipeline.run.capture import CaptureStage, StageSettings, UnitResult
+from pipeline.run.capture import StagePlan
 from pipeline.run.executor import Executor, OnDone
 
 log = logging.getLogger(__name__)
@@ -96,14 +96,13 @@ class CaptureActor:
         with self._engine_lock:
             return self.engine.capture(samples)
 
-    def run_unit(self, settings: StageSettings, run_dir: str, index: int,
-                 samples: Sequence[PreparedSample]) -> UnitResult:
+    def run_unit(self, settings: StagePlan, run_dir: str, index: int, samples: Sequence[Any]) -> Any:
         if self._start_error:  # a replacement actor whose engine did not start: the unit fails with why
             raise RuntimeError(f"engine did not start: {self._start_error}")
-        stage = CaptureStage(engine=self.engine, settings=settings)
+        stage = settings.stage(self.engine)
         try:
             with self._engine_lock:
-                captures = stage.capture(samples)
+                captures = stage.compute(samples)
         except EngineWorkerError:
             # The engine process is gone: end this actor so Ray restarts it (a fresh engine) and retries its units.
             log.exception("engine died during unit %d; restarting the actor", index)
@@ -148,7 +147,7 @@ class RayExecutor(Executor):
         # What an actor builds its replica from (picklable; the executor itself holds Ray handles).
         make = partial(make_engine, self.spec, model_path=self.model_path, points=self.points,
                        num_layers=self.num_layers, trust_remote_code=self.trust_remote_code,
-                       max_seq_len=self.max_seq_len)
+                       max_seq_len=self.max_seq_len, task=self.task)
         self.actors = [actor_cls.remote(self.spec.name, make, self.threads) for _ in range(self.cfg.num_replicas)]
         errors = [e for e in ray.get([a.start_error.remote() for a in self.actors]) if e]
         if errors:
@@ -183,7 +182,7 @@ class RayExecutor(Executor):
 
         return ray.get(self.actors[0].probe.remote(list(samples)))
 
-    def _run_units(self, settings: StageSettings, run_dir: Path, units: Sequence[Sequence[PreparedSample]],
+    def _run_units(self, settings: StagePlan, run_dir: Path, units: Sequence[Sequence[Any]],
                    todo_list: list[int], done: OnDone) -> dict[int, str]:
         import ray
 

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from pipeline.core.contracts import Capture, EngineInfo, PointSource, PreparedSample
+from pipeline.core.contracts import Capture, EngineInfo, Generation, GenerationRequest, PointSource, PreparedSample
 from pipeline.engines.base import Engine
 from pipeline.engines.vllm.options import VLLMOptions
 from pipeline.engines.vllm.sizing import Sizes, size
@@ -106,6 +106,25 @@ def _explain_start_failure(error: Exception, model_path: str, checkpoint: dict[s
         f"{quant.get('format')} (INT4 weights, WNA16 MoE) and vLLM found no INT4 MoE kernel for this machine "
         f"(vLLM: {str(error).strip()!r}). The pipeline never falls back to another kernel or to dequantized weights "
         f"on its own; to run on this machine, {_dense_twin(model_path)}. INT4 MoE kernels run on GPUs.")
+
+
+def _finish(reason: str | None) -> str:
+    """vLLM's finish reason in the contract's words: "stop" (an eos or stop id, kept in the ids) or "length"."""
+    if reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM finished a generation with reason {reason!r}, neither stop nor length")
+    return reason
+
+
+# The SamplingParams fields that decide which tokens come out; read back after vLLM filled its defaults and merged
+# the model's generation config (`_all_stop_token_ids` holds the eos ids it stops on besides the requested ones).
+_APPLIED = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "repetition_penalty",
+            "presence_penalty", "frequency_penalty", "stop_token_ids", "ignore_eos", "logit_bias", "bad_words")
+
+
+def _applied(params: Any) -> dict[str, Any]:
+    applied = {key: getattr(params, key, None) for key in _APPLIED}
+    applied["all_stop_token_ids"] = sorted(getattr(params, "_all_stop_token_ids", ()) or ())
+    return json.loads(json.dumps(applied, default=str))
 
 
 class VLLMEngine(Engine):
@@ -214,6 +233,22 @@ class VLLMEngine(Engine):
         return [Capture(sample_id=s.sample_id, input_ids_T=taken[rid]["input_ids"].numpy().astype(np.int64),
                         hidden_states_TPH=taken[rid]["hidden"])
                 for s, rid in zip(samples, request_ids)]
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Every request in one `LLM.generate` call (vLLM schedules them continuously), prompts as token ids."""
+        if not requests:
+            return []
+        from vllm import SamplingParams
+
+        params = [SamplingParams(temperature=r.sampling.temperature, top_p=r.sampling.top_p,
+                                 top_k=r.sampling.top_k or -1, max_tokens=r.sampling.max_tokens, seed=r.sampling.seed,
+                                 stop_token_ids=list(r.sampling.stop_token_ids), detokenize=False)
+                  for r in requests]
+        outputs = self._llm.generate([{"prompt_token_ids": list(r.prompt_ids)} for r in requests], params,
+                                     use_tqdm=False)
+        return [Generation(request_id=r.request_id, output_ids=tuple(o.outputs[0].token_ids),
+                           finish_reason=_finish(o.outputs[0].finish_reason), applied=_applied(p))
+                for r, o, p in zip(requests, outputs, params)]
 
     def _take(self, request_ids: list[str]) -> dict[str, dict[str, torch.Tensor]]:
         if not self._own_process:  # same process: the worker's tensors, no copy

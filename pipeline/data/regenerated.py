@@ -1,0 +1,200 @@
+"""A regeneration directory (written by `python -m pipeline.regenerate`) as extract's data: its layout, its records'
+Parquet schema, and the samples it holds.
+
+Each conversation row keeps, per regenerated turn, the prompt ids exactly as the model's chat template rendered them
+and the generated ids exactly as the engine produced them. Extract captures those ids without re-tokenising: one
+sample per turn (prompt + answer), the loss mask on the generated tokens. Before that, each turn's stored prompt is
+rendered again from its stored messages with the tokenizer extract loads: a prompt whose ids differ (the template or
+the tokenizer changed since the answers were generated) is rejected as `template_drift`, naming the first differing
+token, never captured with ids serving would not produce.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.core import jsonfile
+from pipeline.core.contracts import PreparedSample, Reject
+from pipeline.core.outdir import Layout
+from pipeline.data.ids import sample_id_for
+from pipeline.data.mask import ChatTokenizer, TurnIds, encode_chat
+from pipeline.data.sources import RecordError
+
+REGEN_FORMAT_VERSION = "1"
+START_FILE = "regen.json"  # written when a regeneration starts; a rerun resumes only the same regeneration
+MANIFEST = "manifest.json"  # written last: the directory is complete
+LOCK = ".lock"
+REJECTS = "rejects.parquet"  # records that could not be regenerated (unreadable, too long, ...)
+RECORDS_DIR = "records"
+_PART = r"part-\d{5,}"
+LAYOUT = Layout(kind="regeneration", files=(START_FILE, MANIFEST, LOCK, REJECTS),
+                dirs={RECORDS_DIR: (_PART + r"\.parquet", _PART + r"\.done\.json", _PART + r"\.rejects\.parquet")},
+                lock=LOCK, start=START_FILE, done=MANIFEST)
+KIND = "regeneration"  # the manifest's `kind`: how extract tells a regeneration directory from a run
+
+TURN = pa.struct([
+    ("turn", pa.int32()),  # 0-based index among the conversation's regenerated turns
+    ("messages", pa.string()),  # JSON: the conversation the prompt renders (earlier answers: the target's own)
+    ("prompt_ids", pa.list_(pa.int64())),
+    ("output_ids", pa.list_(pa.int64())),
+    ("finish_reason", pa.string()),  # stop | length
+    ("seed", pa.int64()),
+    ("applied", pa.string()),  # JSON: the sampling values the engine applied, its defaults included
+    ("text", pa.string()),  # the answer decoded, for review only (extract reads the ids)
+])
+SCHEMA = pa.schema([
+    ("conversation_id", pa.string()),  # stable: the record id and the sample index
+    ("record_id", pa.string()),  # the input record's sample id (its file's digest and row)
+    ("source", pa.string()),
+    ("row", pa.int64()),
+    ("sample", pa.int32()),  # 0..n-1: the n samples of one prompt
+    ("tools", pa.string()),  # JSON or null: the tools the record declares
+    ("turns", pa.list_(TURN)),
+    ("end_reason", pa.string()),  # complete | truncated | tool_call_mismatch | unexpected_tool_call | too_long
+    ("end_detail", pa.string()),
+])
+
+
+def part_name(index: int) -> str:
+    return f"part-{index:05d}"
+
+
+def part_paths(root: Path, index: int) -> dict[str, Path]:
+    base = Path(root) / RECORDS_DIR / part_name(index)
+    return {"parquet": base.with_suffix(".parquet"), "marker": base.with_suffix(".done.json"),
+            "rejects": base.with_suffix(".rejects.parquet")}
+
+
+def conversation_id(record_id: str, sample: int) -> str:
+    return hashlib.sha256(f"{record_id}:{sample}".encode()).hexdigest()[:16]
+
+
+def is_regeneration(path: Path) -> bool:
+    """A directory holding a regeneration's start record or manifest."""
+    path = Path(path)
+    return path.is_dir() and ((path / START_FILE).is_file() or
+                              (jsonfile.read_lenient(path / MANIFEST) or {}).get("kind") == KIND)
+
+
+def read_manifest(root: Path, error: type[Exception] = ValueError) -> dict[str, Any]:
+    """The finished regeneration's manifest; `error` when there is none (an unfinished one names what to do)."""
+    root = Path(root)
+    if not (root / MANIFEST).is_file():
+        raise error(f"{root} is an unfinished regeneration (no {MANIFEST}): rerun the same pipeline.regenerate "
+                    f"command to finish it")
+    manifest = jsonfile.read_object(root / MANIFEST, error)
+    if manifest.get("kind") != KIND:
+        raise error(f"{root / MANIFEST} is not a regeneration's manifest (kind {manifest.get('kind')!r})")
+    return manifest
+
+
+def manifest_digest(root: Path) -> str:
+    """sha256 of the manifest's bytes: it lists every part's sha256, so it names the regenerated data."""
+    return hashlib.sha256((Path(root) / MANIFEST).read_bytes()).hexdigest()
+
+
+def iter_conversations(root: Path, manifest: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every conversation row, in input order (parts in order, rows in order), each part's sha256 checked first."""
+    for part in manifest["parts"]:
+        path = Path(root) / part["file"]
+        if hashlib.sha256(path.read_bytes()).hexdigest() != part["sha256"]:
+            raise ValueError(f"{path}: sha256 differs from the regeneration's manifest (the file changed after it "
+                             f"was written); rerun pipeline.regenerate on a fresh directory or restore the file")
+        yield from pq.read_table(path).to_pylist()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegeneratedData:
+    source: str  # the directory's name
+    digest: str  # manifest_digest: every sample id derives from it and the sample's index
+    manifest: dict[str, Any]
+    loss_mask: dict[str, Any]
+    samples: list[PreparedSample]
+    rejects: list[Reject]
+
+
+def generated_mask(output_ids: list[int], turn_ids: TurnIds | None, train_think_tags: bool) -> list[int]:
+    """1 on every generated token, but (as for recorded answers, pipeline.data.mask) not on an opening `<think>` nor
+    the `</think>` of an empty pair unless train_think_tags."""
+    mask = [1] * len(output_ids)
+    if train_think_tags or turn_ids is None or turn_ids.think is None or not output_ids:
+        return mask
+    start = 0
+    if output_ids[0] == turn_ids.think:
+        start = 1
+        if len(output_ids) > 1 and output_ids[1] == turn_ids.think_end:
+            start = 2
+    return [0] * start + mask[start:]
+
+
+def _drift(chat: ChatTokenizer, turn: dict[str, Any], tools: Any) -> str | None:
+    """Why the stored prompt is not what the tokenizer renders for the stored messages now, or None."""
+    messages = json.loads(turn["messages"])
+    try:
+        rendered = encode_chat(chat.tokenizer, messages, True, tools)
+    except Exception as e:  # noqa: BLE001 - the checkpoint's template on one record: that record's reject
+        return f"the chat template no longer renders the turn's messages: {type(e).__name__}: {e}"
+    stored = list(turn["prompt_ids"])
+    if rendered == stored:
+        return None
+    at = next((i for i, (a, b) in enumerate(zip(stored, rendered)) if a != b), min(len(stored), len(rendered)))
+    then = stored[at] if at < len(stored) else "end"
+    now = rendered[at] if at < len(rendered) else "end"
+    return (f"the stored prompt ({len(stored)} tokens) differs from the tokenizer's rendering of the turn's messages "
+            f"({len(rendered)} tokens) from token {at} (stored {then}, rendered {now}): the chat template or the "
+            f"tokenizer changed since the answers were generated")
+
+
+def read_regenerated(root: Path, tokenizer: Any, *, max_length: int, length_policy: str, limit: int | None,
+                     train_think_tags: bool, error: type[Exception] = ValueError) -> RegeneratedData:
+    """One sample per regenerated turn (prompt + answer), in input order; `limit` counts accepted samples."""
+    root = Path(root)
+    manifest = read_manifest(root, error)
+    digest = manifest_digest(root)
+    chat = ChatTokenizer(tokenizer)
+    samples: list[PreparedSample] = []
+    rejects: list[Reject] = []
+    index = 0
+    for row in iter_conversations(root, manifest):
+        tools = json.loads(row["tools"]) if row["tools"] else None
+        for turn in row["turns"]:
+            if limit is not None and len(samples) >= limit:
+                break
+            sid = sample_id_for(digest, index)
+            result = _sample(chat, turn, tools, sid, root.name, index, max_length=max_length,
+                             length_policy=length_policy, train_think_tags=train_think_tags)
+            (samples if isinstance(result, PreparedSample) else rejects).append(result)
+            index += 1
+    loss_mask = {"method": "generated_ids", "train_think_tags": train_think_tags,
+                 "trained": "every token the engine generated (an opening <think> and an empty pair's </think> only "
+                            "with train_think_tags); no prompt token (system turns, history, template tags)"}
+    return RegeneratedData(source=root.name, digest=digest, manifest=manifest, loss_mask=loss_mask,
+                           samples=samples, rejects=rejects)
+
+
+def _sample(chat: ChatTokenizer, turn: dict[str, Any], tools: Any, sid: str, source: str, index: int, *,
+            max_length: int, length_policy: str, train_think_tags: bool) -> PreparedSample | Reject:
+    try:
+        if (why := _drift(chat, turn, tools)) is not None:
+            raise RecordError("template_drift", why)
+        prompt, output = list(turn["prompt_ids"]), list(turn["output_ids"])
+        ids = prompt + output
+        mask = [0] * len(prompt) + generated_mask(output, chat.turn_ids, train_think_tags)
+        if len(ids) > max_length and length_policy == "reject":
+            raise RecordError("too_long", f"{len(ids)} tokens > max_length {max_length}")
+        truncated = len(ids) > max_length
+        ids, mask = ids[:max_length], mask[:max_length]
+        if not any(mask):
+            raise RecordError("no_loss_tokens", f"none of the {len(output)} generated tokens lies in the first "
+                                                f"{max_length} tokens")
+    except RecordError as e:
+        return Reject(source=source, row=index, reason=e.reason, detail=e.detail, sample_id=sid)
+    return PreparedSample(sample_id=sid, source=source, row=index, input_ids_T=np.asarray(ids, dtype=np.int64),
+                          loss_mask_T=np.asarray(mask, dtype=np.uint8), truncated=truncated)

@@ -1,0 +1,250 @@
+"""The regeneration job: check -> read prompts -> claim the directory -> regenerate units (resumable) -> manifest,
+written last.
+
+The directory goes through the same machinery as a run (pipeline.run.outdir): one writer (its lock and lease), a
+start record a rerun must match to resume, units finished by an earlier invocation checked and skipped, a replacement
+only with overwrite=true. A finished regeneration is days of a cluster's time: nothing here deletes one otherwise.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from pipeline import provenance
+from pipeline.config import ConfigError, RegenerateConfig, resolved_dict, to_config
+from pipeline.config.checks import check_data_path, resolve_model
+from pipeline.core.cli import UsageError
+from pipeline.core.io import sha256_json
+from pipeline.core.outdir import unusable_dir, write_json
+from pipeline.data import regenerated as rd
+from pipeline.data.mask import turn_ids
+from pipeline.data.prepare import write_rejects
+from pipeline.data.remote_code import RemoteCodeError, load_tokenizer
+from pipeline.engines.registry import check_name, check_options
+from pipeline.models.info import ModelInfo
+from pipeline.regen.prompts import Prompts, read_prompts
+from pipeline.regen.sampling import stop_token_ids
+from pipeline.regen.stage import RegenPlan, RegenResult
+from pipeline.run import outdir
+from pipeline.run.executor import Executor
+from pipeline.run.local import LocalExecutor
+from pipeline.run.progress import RunProgress
+from pipeline.run.ray import RayExecutor
+from pipeline.shards.layout import run_conflict
+
+log = logging.getLogger(__name__)
+
+
+def _finished(root: Path) -> bool:
+    try:
+        rd.read_manifest(root)
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+REGEN_DIR = outdir.DirKind(layout=rd.LAYOUT, noun="regeneration", job="regenerate", kept=(rd.LOCK,),
+                           is_finished=_finished)
+# Extract-only keys the recipes carry (one recipe serves both jobs); they do not make another regeneration.
+_NOT_READ = ("gate", "diff")
+DETERMINISM = ("greedy: the same ids on every resume and rerun on the same machine, engine and thread count; "
+               "seeded sampling: each turn's seed comes from sampling.seed and the conversation id, so the same "
+               "request gets the same seed whatever it is batched with; its ids repeat where the engine computes the "
+               "same logits for it (HF: one request at a time, always; vLLM and SGLang: float32, or bf16 when the "
+               "batch composition does not change the kernels' reduction order)")
+
+
+class NoValidRecords(UsageError, RuntimeError):
+    """The prompt file holds no record that can be regenerated."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegenSummary:
+    out_dir: Path
+    manifest: dict[str, Any]
+    resumed_units: int
+    seconds: float
+    generate_seconds: float
+
+
+def _check_out_dir(value: str) -> Path:
+    out = Path(value)
+    if (why := run_conflict(out, itself=True)) is not None:
+        raise ConfigError(f"out_dir={value!r} {why}")
+    for parent in out.resolve().parents:
+        if rd.is_regeneration(parent):
+            raise ConfigError(f"out_dir={value!r} is inside the regeneration directory {parent}: choose a directory "
+                              f"outside it")
+    if (why := unusable_dir(out)) is not None:
+        raise ConfigError(f"out_dir={value!r} {why}")
+    return out
+
+
+def _check(cfg: RegenerateConfig) -> tuple[Path, ModelInfo, dict[str, Any], dict[str, str]]:
+    try:
+        check_name(cfg.engine.name)
+        check_options(cfg.engine, "engine")
+        sampling, origin = cfg.sampling.resolved(dict(cfg.model.sampling))
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    out = _check_out_dir(cfg.out_dir)
+    if rd.is_regeneration(Path(cfg.data.path)):
+        raise ConfigError(f"data.path={cfg.data.path!r} is a regeneration directory: its answers are already the "
+                          f"target's; extract it (python -m pipeline.extract data.path=...), or regenerate from the "
+                          f"prompt file it was made from")
+    check_data_path(cfg.data)
+    return out, resolve_model(cfg.model), sampling, origin
+
+
+def _executor(cfg: RegenerateConfig, model: ModelInfo) -> Executor:
+    where = dict(model_path=str(model.path), points=[], num_layers=model.num_layers,
+                 trust_remote_code=cfg.model.trust_remote_code, task="generate")
+    try:
+        if cfg.runner.name == "ray":
+            return RayExecutor(cfg.runner, spec=cfg.engine, **where)
+        return LocalExecutor(cfg.engine, **where)
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from e
+
+
+def _stable(config: dict[str, Any]) -> dict[str, Any]:
+    stable = provenance.stable_config(config)
+    for key in _NOT_READ:
+        stable.pop(key, None)
+    return stable
+
+
+def _start_record(config: dict[str, Any], prompts: Prompts, digests: dict[str, Any]) -> dict[str, Any]:
+    """What must not change between an interrupted regeneration and its resumption."""
+    return {"config": _stable(config), "data_digest": prompts.source_digest,
+            "model_config_sha256": digests["config_sha256"], "weights_sha256": digests["weights"]["sha256"],
+            "tokenizer_sha256": digests["tokenizer_sha256"], "chat_template_sha256": digests["chat_template_sha256"],
+            "remote_code": digests["remote_code"], "code": provenance.code_version()}
+
+
+def _applied_summary(results: list[RegenResult], root: Path) -> list[dict[str, Any]]:
+    """The distinct sampling values the engine applied (per request: seed and token budget aside), with counts."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    seen: Counter[str] = Counter()
+    for result in results:
+        for rel in result.files:
+            if rel.endswith(".parquet") and not rel.endswith(".rejects.parquet"):
+                for turns in pq.read_table(root / rel, columns=["turns"]).column("turns").to_pylist():
+                    for turn in turns:
+                        applied = json.loads(turn["applied"])
+                        for key in ("seed", "max_tokens", "max_new_tokens"):
+                            applied.pop(key, None)
+                        seen[json.dumps(applied, sort_keys=True)] += 1
+    return [{"values": json.loads(k), "turns": n} for k, n in seen.most_common()]
+
+
+def _manifest(cfg: RegenerateConfig, config: dict[str, Any], model: ModelInfo, digests: dict[str, Any],
+              engine: dict[str, Any], prompts: Prompts, results: list[RegenResult], sampling: dict[str, Any],
+              origin: dict[str, str], stop: dict[str, Any], root: Path) -> dict[str, Any]:
+    counts: Counter[str] = Counter()
+    ends: Counter[str] = Counter()
+    for r in results:
+        counts.update({k: v for k, v in r.counts.items() if isinstance(v, int)})
+        ends.update(r.counts.get("end_reasons") or {})
+    rejects = list(prompts.rejects) + [rej for r in results for rej in r.rejects]
+    parts = []
+    for r in results:
+        rel = rd.part_paths(Path("."), r.index)["parquet"].as_posix()
+        info = r.files[rel]
+        parts.append({"file": rel, "sha256": info["sha256"], "bytes": info["bytes"],
+                      "conversations": r.counts.get("conversations", 0)})
+    prov = {
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "code": provenance.code_version(),
+        "engine": engine,
+        "model": {"path": str(model.path), "model_type": model.model_type, "architecture": model.architecture,
+                  "num_layers": model.num_layers, "checkpoint_dtype": model.torch_dtype,
+                  "quantization_config": model.quantization, **digests},
+        "data": {"source": prompts.source, "sha256": prompts.source_digest},
+        "sampling": {"values": sampling, "from": origin, "seed": cfg.sampling.seed, "n": cfg.sampling.n,
+                     "stop_token_ids": stop, "truncated": str(cfg.sampling.truncated),
+                     "seeds": "per conversation: sha256(sampling.seed:conversation_id); per turn: + the turn index",
+                     "applied": _applied_summary(results, root), "determinism": DETERMINISM},
+        "config": config,
+    }
+    stable = {k: v for k, v in prov.items() if k != "created_utc"}
+    stable["config"] = _stable(config)
+    return {
+        "kind": rd.KIND, "format_version": rd.REGEN_FORMAT_VERSION,
+        "num_records": prompts.num_records, "num_conversations": counts["conversations"],
+        "num_turns": counts["turns"], "prompt_tokens": counts["prompt_tokens"],
+        "generated_tokens": counts["generated_tokens"],
+        "truncated": {"turns": counts["truncated"], "kept": counts["truncated_turns"],
+                      "policy": str(cfg.sampling.truncated)},
+        "end_reasons": dict(ends),
+        "parts": parts,
+        "rejects": {"total": len(rejects), "by_reason": dict(Counter(r.reason for r in rejects)),
+                    "files": [rd.REJECTS, f"{rd.RECORDS_DIR}/*.rejects.parquet"]},
+        "provenance": prov,
+        "provenance_digest": sha256_json(stable),
+    }
+
+
+def run_regenerate(dcfg: DictConfig) -> RegenSummary:
+    started = time.perf_counter()
+    cfg = to_config(dcfg, RegenerateConfig)
+    out, model, sampling, origin = _check(cfg)  # every config error surfaces here, before any model loads
+    config = resolved_dict(dcfg)
+    try:
+        tokenizer = load_tokenizer(model.path, cfg.model.trust_remote_code)
+    except RemoteCodeError as e:
+        raise ConfigError(str(e)) from e
+    try:
+        stop_ids, stop = stop_token_ids(model.path, tokenizer, turn_ids(tokenizer), cfg.sampling.stop_token_ids)
+        prompts = read_prompts(cfg.data.path, tokenizer, max_length=cfg.data.max_length, limit=cfg.data.limit,
+                               n=cfg.sampling.n, seed=cfg.sampling.seed)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"data.path={cfg.data.path!r}: {e}" if "model.path" not in str(e) else str(e)) from e
+    log.info("%d conversations to regenerate from %d records of %s; %d rejected", len(prompts.conversations),
+             prompts.num_records, prompts.source, len(prompts.rejects))
+    digests = provenance.model_digests(model, getattr(tokenizer, "chat_template", None), cfg.model.trust_remote_code)
+    record = _start_record(config, prompts, digests)
+    executor = _executor(cfg, model)
+    executor.expect(longest=cfg.data.max_length)  # prompt and answer together
+    with outdir.claim(out, wait=cfg.wait_for_lock, kind=REGEN_DIR) as lock:
+        plan = outdir.inspect(out, record, overwrite=cfg.overwrite, kind=REGEN_DIR)  # before any engine starts
+        if not prompts.conversations:
+            reasons = ", ".join(f"{k}: {v}" for k, v in Counter(r.reason for r in prompts.rejects).most_common())
+            raise NoValidRecords(f"no record of {cfg.data.path} can be regenerated: {len(prompts.rejects)} rejected "
+                                 f"({reasons or 'the file holds no record'}); nothing was written")
+        with executor:
+            engine = _engine_record(executor)
+            outdir.prepare(out, record, plan, kind=REGEN_DIR)
+            write_rejects(out / rd.REJECTS, prompts.rejects)
+            size = cfg.runner.max_samples_per_shard
+            units = [prompts.conversations[i:i + size] for i in range(0, len(prompts.conversations), size)]
+            stage = RegenPlan(model_path=str(model.path), trust_remote_code=cfg.model.trust_remote_code,
+                              sampling=sampling, stop_ids=stop_ids, max_length=cfg.data.max_length,
+                              keep_truncated=cfg.sampling.truncated == "keep", lease_token=lock.token)
+            generate_started = time.perf_counter()
+            results = executor.run(stage, out, units, progress=RunProgress(units, "regenerate"))
+            generate_seconds = time.perf_counter() - generate_started
+        manifest = _manifest(cfg, config, model, digests, engine, prompts, results, sampling, origin, stop, out)
+        outdir.check_lease(out, lock.token, rd.LOCK)  # still this job's directory: only then is it finished
+        write_json(out / rd.MANIFEST, manifest)
+    return RegenSummary(out_dir=out, manifest=manifest, resumed_units=sum(r.skipped for r in results),
+                        seconds=time.perf_counter() - started, generate_seconds=generate_seconds)
+
+
+def _engine_record(executor: Executor) -> dict[str, Any]:
+    import dataclasses
+
+    info = dataclasses.asdict(executor.info())
+    info.pop("points", None)
+    return copy.deepcopy(info)

@@ -1,0 +1,99 @@
+"""`python -m pipeline.regenerate [overrides]`: the target writes the answers it will be asked to draft, through the
+engine that serves it, token ids kept.
+
+    python -m pipeline.regenerate model=smollm2 engine=vllm engine.dtype=float32 data.path=prompts.jsonl out_dir=regen
+    python -m pipeline.regenerate +exp=kimi model.path=/models/Kimi-K2.5 data.path=/data/prompts.jsonl out_dir=/data/regen
+    python -m pipeline.extract model=smollm2 data.path=regen          # captures exactly the generated ids
+
+Writes a regeneration directory (pipeline/data/regenerated.py): per conversation and turn, the prompt ids as the
+model's chat template rendered them, the generated ids as the engine produced them, why each turn stopped and the
+sampling values the engine applied; its manifest (written last) holds the engine, versions, kernels, model and
+template digests, sampling, the input's digest and the code version. Rerunning the same command resumes it. Exit
+status (README.md, "Exit codes"): 0 done, 1 failed (resumable), 2 configuration error, 130/143 interrupted.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+from pipeline.core.cli import ExitCode, interrupts_from_here, os_error_text, run_command
+
+interrupts_from_here(__name__, "regenerate")  # before the imports below (seconds): Ctrl-C there is one line too
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from pipeline.config import (CONF_DIR, ConfigError, check_model_group, exit_on_bad_overrides,  # noqa: E402
+                             model_group_overrides, register_configs)
+from pipeline.core.claim import ClaimLost, DirBusy  # noqa: E402
+from pipeline.engines.base import EngineStartError, GenerationUnsupported  # noqa: E402
+from pipeline.factory import build_step  # noqa: E402
+from pipeline.regen.job import NoValidRecords, run_regenerate  # noqa: E402
+
+register_configs()
+log = logging.getLogger("pipeline.regenerate")
+# Declared for the recipes' sake (pipeline/config/regen_schema.py) but not read: refused when given here.
+_EXTRACT_ONLY = ("gate", "diff")
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="regenerate")
+def regenerate(cfg: DictConfig) -> None:
+    try:
+        check_model_group(cfg, "regenerate")  # a tiny model's settings never apply to a user's checkpoint
+        build_step(cfg)  # the tiny or converted model a recipe names, built when missing
+        summary = run_regenerate(cfg)
+    except (ConfigError, NoValidRecords, DirBusy, GenerationUnsupported) as e:
+        log.error("%s%s", "configuration error: " if isinstance(e, ConfigError) else "", e)
+        sys.exit(e.exit_code)
+    except EngineStartError as e:
+        log.debug("the engine's error in full", exc_info=e.__cause__)
+        log.error("%s; nothing was generated (hydra.verbose=pipeline shows the engine's traceback)", e)
+        sys.exit(e.exit_code)
+    except ClaimLost as e:
+        log.error("regeneration stopped, no manifest written: %s", e)
+        sys.exit(e.exit_code)
+    except OSError as e:
+        log.debug("the error in full", exc_info=e)
+        log.error("regeneration stopped, no manifest written: %s; finished parts are kept: fix the cause and rerun "
+                  "the same command to resume", os_error_text(e))
+        sys.exit(ExitCode.FAILED)
+    except RuntimeError as e:
+        log.error("regeneration failed, no manifest written (rerun the same command to resume): %s", e)
+        sys.exit(ExitCode.FAILED)
+    m = summary.manifest
+    rate = m["generated_tokens"] / summary.generate_seconds if summary.generate_seconds else 0.0
+    print(f"regeneration directory: {summary.out_dir.resolve()}")
+    print(f"regenerated {m['num_conversations']} conversations of {m['num_records']} records: {m['num_turns']} turns, "
+          f"{m['generated_tokens']} tokens generated ({m['prompt_tokens']} prompt tokens) in {len(m['parts'])} "
+          f"part(s) ({summary.resumed_units} finished earlier); {rate:.1f} generated tok/s; {summary.seconds:.1f}s")
+    t = m["truncated"]
+    print(f"ended: {_counts(m['end_reasons']) or 'none'}; {t['turns']} turn(s) stopped at max_tokens "
+          f"({'kept' if t['policy'] == 'keep' else 'dropped'}: sampling.truncated={t['policy']})")
+    rejects = m["rejects"]
+    print(f"{rejects['total']} rejected" + (f" ({_counts(rejects['by_reason'])}; see rejects.parquet)"
+                                            if rejects["total"] else ""))
+    engine = m["provenance"]["engine"]
+    print(f"answers by {engine['framework']} {engine['framework_version']} ({engine['dtype']}); sampling "
+          f"{m['provenance']['sampling']['values']}")
+    print(f"extract it with: python -m pipeline.extract data.path={summary.out_dir}")
+
+
+def main() -> int:
+    """`python -m pipeline.regenerate` and the console script `pipeline-regenerate`: overrides from sys.argv."""
+    for arg in sys.argv[1:]:
+        key = arg.lstrip("+~").split("=", 1)[0]
+        if key.split(".", 1)[0] in _EXTRACT_ONLY:
+            print(f"configuration error: {key} is extract's (its diff gate); regeneration compares no hidden "
+                  f"states", file=sys.stderr)
+            return ExitCode.USAGE
+    exit_on_bad_overrides(sys.argv[1:], config_name="regenerate")
+    sys.argv[1:] = model_group_overrides(sys.argv[1:], config_name="regenerate")
+    return run_command(regenerate)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

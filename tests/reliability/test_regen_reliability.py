@@ -1,0 +1,142 @@
+"""A regeneration is days of a cluster's time: a kill -9 at any write step resumes to the same records, a second
+regeneration on the same directory is refused while the first writes, a finished one is replaced only with
+overwrite=true, a resume with other settings is refused naming them, and extract refuses prompt ids the template
+no longer renders."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+from tests.helpers.runs import env_with, wait_for_step
+
+pytestmark = pytest.mark.reliability
+
+# Two parts of two conversations on the tiny Llama, greedy: the fastest regeneration with every kind of write step.
+SMALL = ("model=tiny_llama", "data.limit=4", "runner.max_samples_per_shard=2", "sampling.max_tokens=4")
+STEPS = ["write:regen.json", "rename:regen.json", "write:rejects.parquet", "rename:rejects.parquet",
+         "write:part-00000.parquet", "rename:part-00000.parquet", "write:part-00000.done.json",
+         "rename:part-00000.done.json", "write:part-00001.parquet", "rename:part-00001.parquet",
+         "write:part-00001.done.json", "rename:part-00001.done.json", "write:manifest.json", "rename:manifest.json"]
+KILLED_AT = ["rename:regen.json", "rename:part-00000.parquet", "rename:part-00000.done.json",
+             "write:part-00001.parquet", "rename:manifest.json"]
+
+
+def regen_cmd(out: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "pipeline.regenerate", f"out_dir={out}", f"hydra.run.dir={out}.logs", *SMALL,
+            *overrides]
+
+
+def regenerate(out: Path, *overrides: str, fault: str | None = None,
+               trace: Path | None = None) -> subprocess.CompletedProcess:
+    extra = {"PIPELINE_FAULT": fault} if fault else {}
+    if trace is not None:
+        extra["PIPELINE_FAULT_TRACE"] = str(trace)
+    return subprocess.run(regen_cmd(out, *overrides), cwd=REPO, env=env_with(**extra), capture_output=True,
+                          text=True, timeout=600)
+
+
+def parts_of(root: Path) -> list[dict]:
+    return json.loads((root / "manifest.json").read_text())["parts"]
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory, models_root) -> tuple[Path, list[str]]:
+    out = tmp_path_factory.mktemp("clean") / "regen"
+    trace = out.parent / "steps.txt"
+    done = regenerate(out, trace=trace)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, [s for s in trace.read_text().split() if not s.startswith("start:")]
+
+
+def test_the_step_list_covers_every_write_of_a_regeneration(clean):
+    assert clean[1] == STEPS
+
+
+@pytest.mark.parametrize("step", KILLED_AT)
+def test_a_kill_at_any_step_resumes_to_the_same_records(clean, tmp_path, step):
+    out = tmp_path / "regen"
+    killed = regenerate(out, fault=f"kill@{step}")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    resumed = regenerate(out)
+    if step == "rename:manifest.json":  # finished when it died: the same command refuses to redo it
+        assert resumed.returncode == 2 and "holds a finished regeneration (manifest.json)" in resumed.stderr
+    else:
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert parts_of(out) == parts_of(clean[0])  # byte-identical parts (greedy)
+    assert not list(out.rglob(".*.tmp")), "a resumed regeneration leaves no temp file behind"
+
+
+def test_a_second_regeneration_on_the_same_directory_is_refused(tmp_path):
+    out, trace, go = tmp_path / "regen", tmp_path / "steps.txt", tmp_path / "go"
+    first = subprocess.Popen(regen_cmd(out), cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=env_with(PIPELINE_FAULT=f"pause={go}@write:part-00000.parquet",
+                                          PIPELINE_FAULT_TRACE=str(trace)))
+    try:
+        wait_for_step(trace, "write:part-00000.parquet", first, timeout=300)
+        second = regenerate(out)
+        assert second.returncode == 2
+        assert "is in use by pid" in second.stderr and "another regenerate is writing it" in second.stderr
+    finally:
+        go.touch()
+        first.wait(timeout=300)
+    assert first.returncode == 0, first.stderr.read()[-2000:] if first.stderr else ""
+    assert (out / "manifest.json").is_file()
+
+
+def test_a_resume_with_other_settings_is_refused_naming_them(tmp_path):
+    out = tmp_path / "regen"
+    assert regenerate(out, fault="kill@rename:part-00000.done.json").returncode == -9
+    other = regenerate(out, "sampling.max_tokens=5")
+    assert other.returncode == 2
+    assert "unfinished regeneration with a different config (sampling.max_tokens: 4 then, 5 now)" in other.stderr
+    assert regenerate(out).returncode == 0  # the same command still finishes it
+
+
+def test_a_finished_regeneration_is_replaced_only_with_overwrite(clean, tmp_path):
+    import shutil
+
+    out = tmp_path / "regen"
+    shutil.copytree(clean[0], out)
+    again = regenerate(out)
+    assert again.returncode == 2 and "overwrite=true" in again.stderr
+    assert regenerate(out, "overwrite=true").returncode == 0
+    assert parts_of(out) == parts_of(clean[0])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("gate.mode=off", "gate.mode is extract's"),
+    ("sampling.n=2", "n > 1 needs a temperature > 0"),
+    ("sampling.truncated=cut", "sampling.truncated='cut'"),
+    ("capture.points=[1]", "capture"),
+])
+def test_bad_settings_are_one_line_before_any_model_loads(tmp_path, override, message):
+    done = regenerate(tmp_path / "regen", override)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "regen").exists()
+
+
+def test_data_path_a_regeneration_and_out_dir_inside_a_run_are_refused(clean, tmp_path):
+    again = regenerate(tmp_path / "regen", f"data.path={clean[0]}")
+    assert again.returncode == 2 and "is a regeneration directory" in again.stderr
+    inside = regenerate(clean[0] / "sub")
+    assert inside.returncode == 2 and "inside the regeneration directory" in inside.stderr
+
+
+def test_extract_rejects_prompt_ids_the_template_no_longer_renders(clean, models_root):
+    from pipeline.data.regenerated import read_regenerated
+    from pipeline.data.remote_code import load_tokenizer
+
+    tokenizer = load_tokenizer(models_root / "tiny-llama", False)
+    kept = read_regenerated(clean[0], tokenizer, max_length=2048, length_policy="truncate", limit=None,
+                            train_think_tags=False)
+    assert len(kept.samples) == 4 and not kept.rejects
+    tokenizer.chat_template = tokenizer.chat_template.replace("<|im_middle|>", "<|im_middle|> ")
+    drifted = read_regenerated(clean[0], tokenizer, max_length=2048, length_policy="truncate", limit=None,
+                               train_think_tags=False)
+    assert not drifted.samples and {r.reason for r in drifted.rejects} == {"template_drift"}
+    assert "differs from the tokenizer's rendering" in drifted.rejects[0].detail
