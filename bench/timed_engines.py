@@ -35,6 +35,17 @@ class TimedVLLMEngine(VLLMEngine):
             self._rpc("capture_install", _capture_plan(self.points, self.num_layers))
 
 
+    def plain_generate_seconds(self, prompts: list[list[int]], max_tokens: int,
+                               stop_ids: list[int]) -> list[float]:
+        """[seconds, generated tokens] of vLLM's own `LLM.generate` on `prompts` (greedy, all at once): the baseline
+        of bench/regen_throughput.py, on this very engine."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, stop_token_ids=stop_ids, detokenize=False)
+        start = time.perf_counter()
+        outs = self._llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [time.perf_counter() - start, float(sum(len(o.outputs[0].token_ids) for o in outs))]
+
 
 class TimedSGLangEngine(SGLangEngine):
     def forward_seconds(self, prompts: list[list[int]]) -> float:

@@ -26,6 +26,8 @@ def to_markdown(result: DiffResult) -> str:
             f"({result.model.get('model_type')}, {result.model.get('num_layers')} layers, MoE layers "
             f"{result.model.get('moe_layers') or 'none'}); probe: {result.probe.get('num_samples')} samples, "
             f"{result.probe.get('num_tokens')} tokens.", ""]
+    if result.probe.get("answers_by"):
+        out += [f"Answers by {result.probe['answers_by']}; features by the engines below.", ""]
     for title, items in (("Failures", result.failures), ("Warnings", result.warnings)):
         if items:
             out += [f"## {title}", ""] + [f"- {x}" for x in items] + [""]

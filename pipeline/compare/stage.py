@@ -20,8 +20,7 @@ from pipeline.compare.report import write_report
 from pipeline.config import ConfigError, DiffJobConfig, ProbeConfig, to_config
 from pipeline.config.checks import check_points_named
 from pipeline.core.contracts import PreparedSample
-from pipeline.data.mask import MaskOptions
-from pipeline.data.prepare import prepare
+from pipeline.data.load import load_samples
 from pipeline.data.remote_code import RemoteCodeError, load_tokenizer
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point, PointError, resolve
@@ -50,14 +49,18 @@ def diff_points(cfg: DiffJobConfig, model: ModelInfo) -> list[Point]:
         raise ConfigError(f"{field_name}={list(values)!r}: {e}") from e
 
 
-def probe_data(cfg: DiffJobConfig, model: ModelInfo, probe: ProbeConfig) -> list[PreparedSample]:
+def probe_data(cfg: DiffJobConfig, model: ModelInfo, probe: ProbeConfig) -> tuple[list[PreparedSample], str | None]:
+    """The probe samples, and who wrote their answers when data.path is a regeneration directory."""
     try:
         tokenizer = load_tokenizer(model.path, cfg.model.trust_remote_code)
     except RemoteCodeError as e:  # declared code the setting keeps from running, and no built-in class reads it
         raise ConfigError(str(e)) from e
-    data = prepare(cfg.data.path, tokenizer, max_length=cfg.data.max_length, length_policy=cfg.data.length_policy,
-                   limit=probe.num_samples, mask=MaskOptions.of(cfg.data))
-    return probe_samples(data.samples, probe)
+    data = load_samples(cfg.data.path, tokenizer, cfg.data, limit=probe.num_samples, error=ConfigError)
+    answers = None
+    if data.regeneration:
+        a = data.regeneration["engine"]
+        answers = f"{a['framework']} {a['framework_version']} ({a['dtype']}), regeneration {data.source}"
+    return probe_samples(data.samples, probe), answers
 
 
 def run_diff(dcfg: DictConfig) -> DiffOutcome:
@@ -69,7 +72,7 @@ def run_diff(dcfg: DictConfig) -> DiffOutcome:
     requests = comparison(cfg.diff.reference, cfg.diff.engines, "diff.engines", model=model,
                           all_points=all_points(model.num_layers), points=diff_points(cfg, model),
                           trust_remote_code=cfg.model.trust_remote_code)  # config errors first
-    samples = probe_data(cfg, model, cfg.diff.probe)
+    samples, answers = probe_data(cfg, model, cfg.diff.probe)
     runs = []
     for request in requests:
         log.info("probing %s (%s) with %d samples, %d tokens", request.label, request.role, len(samples),
@@ -78,6 +81,8 @@ def run_diff(dcfg: DictConfig) -> DiffOutcome:
                                  hidden_size=model.hidden_size))
     result = compare(runs, reference=runs[0].label, model=model, samples=samples, cfg=cfg.diff,
                      storage_dtype=cfg.storage_dtype)
+    if answers:  # the report says who wrote the probe's answers beside who computes its features
+        result = dataclasses.replace(result, probe={**result.probe, "answers_by": answers})
     t0 = time.perf_counter()
     result = dataclasses.replace(result, seconds={**result.seconds,
                                                   "engines": sum(r.seconds.get("total", 0.0) for r in runs)})

@@ -25,6 +25,7 @@ from pipeline.core.contracts import PreparedSample, Reject
 from pipeline.core.outdir import Layout
 from pipeline.data.ids import sample_id_for
 from pipeline.data.mask import ChatTokenizer, TurnIds, encode_chat
+from pipeline.data.prepare import PreparedData
 from pipeline.data.sources import RecordError
 
 REGEN_FORMAT_VERSION = "1"
@@ -198,3 +199,24 @@ def _sample(chat: ChatTokenizer, turn: dict[str, Any], tools: Any, sid: str, sou
         return Reject(source=source, row=index, reason=e.reason, detail=e.detail, sample_id=sid)
     return PreparedSample(sample_id=sid, source=source, row=index, input_ids_T=np.asarray(ids, dtype=np.int64),
                           loss_mask_T=np.asarray(mask, dtype=np.uint8), truncated=truncated)
+
+
+def answers_record(data: RegeneratedData) -> dict[str, Any]:
+    """What a run records of the regeneration its data came from: the manifest's digest and what wrote the answers."""
+    prov = data.manifest["provenance"]
+    engine, model = prov["engine"], prov["model"]
+    return {
+        "manifest_sha256": data.digest,
+        "provenance_digest": data.manifest.get("provenance_digest"),
+        "engine": {k: engine.get(k) for k in ("framework", "framework_version", "dtype", "attention_backend")}
+        | {"quantization": {k: (engine.get("quantization") or {}).get(k) for k in ("method", "kernel")}},
+        "model": {k: model.get(k) for k in ("config_sha256", "tokenizer_sha256", "chat_template_sha256")}
+        | {"weights_sha256": (model.get("weights") or {}).get("sha256")},
+        "sampling": prov["sampling"]["values"], "truncated": data.manifest.get("truncated"),
+        "data": prov.get("data"), "code": prov.get("code"),
+    }
+
+
+def answers_of(data: RegeneratedData) -> PreparedData:
+    return PreparedData(source=data.source, source_digest=data.digest, loss_mask=data.loss_mask,
+                        samples=data.samples, rejects=data.rejects, regeneration=answers_record(data))

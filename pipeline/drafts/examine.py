@@ -59,6 +59,8 @@ def examine(request: Request, weights: WeightsCheck | None = None) -> tuple[list
     found.append(features.check_norm_output(draft))
     found += fit.check_flags(flags, server, draft)
     found.append(fit.check_kernels(target, server, flags))
+    if (answers := fit.check_answers(target, server)) is not None:
+        found.append(answers)
     context = {"draft": {"path": str(draft.path), "format": draft.format, "architecture": draft.architecture},
                "serve": {"framework": server.framework, "version": server.version, "draft_class": server.draft_class,
                          "numbering": server.numbering.source},

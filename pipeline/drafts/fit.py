@@ -144,3 +144,20 @@ def check_kernels(target: Target, view: ServerView, flags: Flags | None) -> Find
     serving = f"{view.framework} {view.version}, attention {backend or 'its own choice'}"
     return Finding("WARN", "kernels", f"captured with {captured}; served by {serving}: features differ by the "
                    f"kernels' rounding; {_diff_figures(target.diff)}")
+
+
+def check_answers(target: Target, view: ServerView) -> Finding | None:
+    """Who wrote the answers the drafter learned (a regeneration) beside who captured its features and who serves:
+    None when the run's data was a prompt file's own answers (nothing to compare)."""
+    answers = target.answers
+    if not answers:
+        return None
+    a, f = answers.get("engine") or {}, target.engine or {}
+    by = f"{a.get('framework')} {a.get('framework_version')} ({a.get('dtype')})"
+    features = f"{f.get('framework')} {f.get('framework_version')} ({f.get('dtype')})"
+    line = f"answers by {by}, features by {features}, served by {view.framework} {view.version}"
+    if (a.get("framework"), a.get("framework_version"), a.get("dtype")) != \
+            (f.get("framework"), f.get("framework_version"), f.get("dtype")):
+        return Finding("WARN", "answers", f"{line}: the answers were sampled by another engine or dtype than the "
+                       f"features were captured with; their kernels' rounding can pick other tokens at near ties")
+    return Finding("OK", "answers", f"{line}: one engine wrote the answers and captured the features")

@@ -45,6 +45,7 @@ class Target:
     features: Features | None = None
     engine: dict[str, Any] = field(default_factory=dict)  # provenance["engine"] of the capture
     diff: dict[str, Any] | None = None  # provenance["diff"] (the gate's summary)
+    answers: dict[str, Any] | None = None  # provenance["data"]["regeneration"]: who wrote the answers
     sources: list[str] = field(default_factory=list)
     model_dir: Path | None = None  # the target's directory when it is here (vLLM builds a draft only over its config)
 
@@ -123,6 +124,9 @@ def from_run(target: Target, run_dir: Path, *, features: bool = True) -> None:
     target.num_layers = model.int("num_layers", optional=True, minimum=1)
     target.hidden_size = manifest.int("hidden_size", optional=True) or model.int("hidden_size", optional=True)
     target.engine, target.diff = _engine(prov), _diff(prov)
+    data = prov.obj("data", optional=True)
+    regeneration = data.obj("regeneration", optional=True) if data is not None else None
+    target.answers = dict(regeneration.value) if regeneration is not None else None
     target.sources.append(f"run {run_dir}")
     if features:
         target.features = Features(aux=None, last=None, trainer_format=None, source=f"run {run_dir}",

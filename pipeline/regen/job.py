@@ -77,12 +77,9 @@ class RegenSummary:
 
 def _check_out_dir(value: str) -> Path:
     out = Path(value)
-    if (why := run_conflict(out, itself=True)) is not None:
+    # A regeneration directory itself is this job's to resume or (overwrite=true) replace: `inspect` decides.
+    if (why := run_conflict(out, itself=not rd.is_regeneration(out))) is not None:
         raise ConfigError(f"out_dir={value!r} {why}")
-    for parent in out.resolve().parents:
-        if rd.is_regeneration(parent):
-            raise ConfigError(f"out_dir={value!r} is inside the regeneration directory {parent}: choose a directory "
-                              f"outside it")
     if (why := unusable_dir(out)) is not None:
         raise ConfigError(f"out_dir={value!r} {why}")
     return out

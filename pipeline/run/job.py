@@ -13,10 +13,9 @@ from omegaconf import DictConfig
 from pipeline import provenance
 from pipeline.config import ConfigError, resolved_dict, to_config
 from pipeline.core.cli import UsageError
-from pipeline.data.mask import MaskOptions
-from pipeline.data.prepare import PreparedData, prepare, write_rejects
-from pipeline.data.regenerated import is_regeneration, read_regenerated
-from pipeline.run.answers import answers_of, check_answers
+from pipeline.data.load import load_samples
+from pipeline.data.prepare import PreparedData, write_rejects
+from pipeline.run.answers import check_answers
 from pipeline.data.remote_code import RemoteCodeError, load_tokenizer
 from pipeline.run.capture import StageSettings, UnitResult
 from pipeline.run.executor import Executor
@@ -64,13 +63,7 @@ def _prepare(run: ResolvedRun) -> tuple[PreparedData, str | None]:
         raise ConfigError(str(e)) from e
     data = run.cfg.data
     try:
-        if is_regeneration(run.data_path):  # the target's own answers: their ids as generated, never re-tokenised
-            prepared = answers_of(read_regenerated(
-                run.data_path, tokenizer, max_length=data.max_length, length_policy=data.length_policy,
-                limit=data.limit, train_think_tags=data.train_think_tags, error=ConfigError))
-        else:
-            prepared = prepare(run.data_path, tokenizer, max_length=data.max_length,
-                               length_policy=data.length_policy, limit=data.limit, mask=MaskOptions.of(data))
+        prepared = load_samples(run.data_path, tokenizer, data, limit=data.limit, error=ConfigError)
     except (ValueError, UnicodeDecodeError) as e:  # a file that is not what its format says (e.g. malformed JSON)
         raise ConfigError(f"data.path={str(run.data_path)!r}: {e}") from e
     log.info("prepared %d samples (%d tokens) from %s; %d rejected%s", len(prepared.samples),

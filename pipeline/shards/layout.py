@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from pipeline.core.outdir import Layout
+from pipeline.data.regenerated import is_regeneration
 
 FORMAT_VERSION = "3"  # what the writer writes; pipeline.shards.formats reads every version
 SHARDS_DIR = "shards"
@@ -40,15 +41,21 @@ RUN = Layout(
 
 def run_conflict(path: Path, *, itself: bool = False) -> str | None:
     """Why nothing may be written at `path` ("is inside the run directory R: ..."), or None: the nearest directory
-    above `path` (or `path` itself, with `itself`) holding a run (run.json or manifest.json). Anything but a run's own
+    above `path` (or `path` itself, with `itself`) holding a run (run.json or manifest.json) or a regeneration
+    (regen.json, or its manifest). Anything but a run's own
     files in a run directory is a file its verification names as not the run's, so that run would no longer verify
     (and exports refuse such a run)."""
     path = Path(path).resolve()
     for parent in ([path] if itself else []) + list(path.parents):
         if (parent / RUN_FILE).is_file() or (parent / MANIFEST_NAME).is_file():
-            where = "is a run directory" if parent == path else f"is inside the run directory {parent}"
-            return f"{where}: anything written there would make that run fail verification; choose a directory " \
-                   f"outside it"
+            noun = "regeneration" if is_regeneration(parent) else "run"
+            where = f"is a {noun} directory" if parent == path else f"is inside the {noun} directory {parent}"
+            return f"{where}: anything written there would make that {noun} fail verification; choose a " \
+                   f"directory outside it"
+        if is_regeneration(parent):
+            where = "is a regeneration directory" if parent == path else f"is inside the regeneration directory {parent}"
+            return f"{where}: anything written there would make that regeneration fail verification; choose a " \
+                   f"directory outside it"
     return None
 
 # Tensor names inside a shard's .safetensors file, in the order they are laid out: 8-byte types first so every tensor

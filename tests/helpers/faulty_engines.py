@@ -2,6 +2,9 @@
 
 - `hf-remap` (options.remap = {claimed: captured}): claims the requested points but captures others in their slots,
   e.g. {b4: b5} (a +1 convention error) or {b1: b4, b4: b1} (two points swapped); "zeros" captures nothing there.
+- `hf-scripted` (options.turns = [text, ...]): generates turn k's text (special tokens included, encoded by the
+  model's own tokenizer) instead of sampling: what a trained model that reasons or calls tools would write, which the
+  tiny random models never do. Everything around it (prompts, template, history, storage) is the pipeline's own.
 - `hf-positions` (options.position_shift = k): a rope/position bug like vLLM's CPU rotary kernel on MLA: every
   position after the first is rotated as if it were `k x batch size` further on, so position 0 is exact and the
   error depends on what else is in the batch.
@@ -17,14 +20,15 @@ from typing import Iterator, Sequence
 
 import torch
 
-from pipeline.core.contracts import Capture, EngineInfo, PreparedSample
+from pipeline.core.contracts import Capture, EngineInfo, Generation, GenerationRequest, PreparedSample
 from pipeline.engines.hf import HFEngine
 from pipeline.engines.hf_options import HFOptions
 from pipeline.engines.options import option
 from pipeline.engines.registry import register, unregister
 from pipeline.points import parse_point
 
-TARGETS = {"hf-remap": f"{__name__}:RemapHF", "hf-positions": f"{__name__}:PositionBugHF"}
+TARGETS = {"hf-remap": f"{__name__}:RemapHF", "hf-positions": f"{__name__}:PositionBugHF",
+           "hf-scripted": f"{__name__}:ScriptedHF"}
 
 
 @contextmanager
@@ -86,3 +90,27 @@ class PositionBugHF(HFEngine):
 
 
 __all__ = ["RemapHF", "PositionBugHF", "registered"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScriptedOptions(HFOptions):
+    turns: list[str] | None = option(None, "turn k's generated text (special tokens included)")
+
+
+class ScriptedHF(HFEngine):
+    name = "hf-scripted"
+    options_type = ScriptedOptions
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        from pipeline.data.remote_code import load_tokenizer
+
+        tokenizer = load_tokenizer(self.model_path, self.trust_remote_code)
+        out = []
+        for request in requests:
+            turn = int(request.request_id.rpartition("/")[2])
+            ids = tokenizer(self.opts.turns[turn], add_special_tokens=False)["input_ids"]
+            ids = list(ids)[:request.sampling.max_tokens]
+            stopped = bool(ids) and ids[-1] in request.sampling.stop_token_ids
+            out.append(Generation(request_id=request.request_id, output_ids=tuple(ids),
+                                  finish_reason="stop" if stopped else "length", applied={"scripted": True}))
+        return out

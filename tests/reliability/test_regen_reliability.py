@@ -40,6 +40,10 @@ def regenerate(out: Path, *overrides: str, fault: str | None = None,
                           text=True, timeout=600)
 
 
+def said(done: subprocess.CompletedProcess) -> str:
+    return done.stdout + done.stderr  # Hydra's log lines go to stdout
+
+
 def parts_of(root: Path) -> list[dict]:
     return json.loads((root / "manifest.json").read_text())["parts"]
 
@@ -64,7 +68,7 @@ def test_a_kill_at_any_step_resumes_to_the_same_records(clean, tmp_path, step):
     assert killed.returncode == -9, killed.stderr[-2000:]
     resumed = regenerate(out)
     if step == "rename:manifest.json":  # finished when it died: the same command refuses to redo it
-        assert resumed.returncode == 2 and "holds a finished regeneration (manifest.json)" in resumed.stderr
+        assert resumed.returncode == 2 and "holds a finished regeneration (manifest.json)" in said(resumed)
     else:
         assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert parts_of(out) == parts_of(clean[0])  # byte-identical parts (greedy)
@@ -80,7 +84,7 @@ def test_a_second_regeneration_on_the_same_directory_is_refused(tmp_path):
         wait_for_step(trace, "write:part-00000.parquet", first, timeout=300)
         second = regenerate(out)
         assert second.returncode == 2
-        assert "is in use by pid" in second.stderr and "another regenerate is writing it" in second.stderr
+        assert "is in use by pid" in said(second) and "another regenerate is writing it" in said(second)
     finally:
         go.touch()
         first.wait(timeout=300)
@@ -93,7 +97,7 @@ def test_a_resume_with_other_settings_is_refused_naming_them(tmp_path):
     assert regenerate(out, fault="kill@rename:part-00000.done.json").returncode == -9
     other = regenerate(out, "sampling.max_tokens=5")
     assert other.returncode == 2
-    assert "unfinished regeneration with a different config (sampling.max_tokens: 4 then, 5 now)" in other.stderr
+    assert "unfinished regeneration with a different config (sampling.max_tokens: 4 then, 5 now)" in said(other)
     assert regenerate(out).returncode == 0  # the same command still finishes it
 
 
@@ -103,7 +107,7 @@ def test_a_finished_regeneration_is_replaced_only_with_overwrite(clean, tmp_path
     out = tmp_path / "regen"
     shutil.copytree(clean[0], out)
     again = regenerate(out)
-    assert again.returncode == 2 and "overwrite=true" in again.stderr
+    assert again.returncode == 2 and "overwrite=true" in said(again)
     assert regenerate(out, "overwrite=true").returncode == 0
     assert parts_of(out) == parts_of(clean[0])
 
@@ -116,15 +120,15 @@ def test_a_finished_regeneration_is_replaced_only_with_overwrite(clean, tmp_path
 ])
 def test_bad_settings_are_one_line_before_any_model_loads(tmp_path, override, message):
     done = regenerate(tmp_path / "regen", override)
-    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2 and message in said(done), said(done)[-2000:]
     assert not (tmp_path / "regen").exists()
 
 
 def test_data_path_a_regeneration_and_out_dir_inside_a_run_are_refused(clean, tmp_path):
     again = regenerate(tmp_path / "regen", f"data.path={clean[0]}")
-    assert again.returncode == 2 and "is a regeneration directory" in again.stderr
+    assert again.returncode == 2 and "is a regeneration directory" in said(again)
     inside = regenerate(clean[0] / "sub")
-    assert inside.returncode == 2 and "inside the regeneration directory" in inside.stderr
+    assert inside.returncode == 2 and "inside the regeneration directory" in said(inside)
 
 
 def test_extract_rejects_prompt_ids_the_template_no_longer_renders(clean, models_root):
@@ -140,3 +144,13 @@ def test_extract_rejects_prompt_ids_the_template_no_longer_renders(clean, models
                                train_think_tags=False)
     assert not drifted.samples and {r.reason for r in drifted.rejects} == {"template_drift"}
     assert "differs from the tokenizer's rendering" in drifted.rejects[0].detail
+
+
+def test_ray_replicas_regenerate_the_local_records(clean, tmp_path):
+    """Two replicas on a loopback Ray cluster, units handed out as they free up: the same parts, in input order."""
+    out = tmp_path / "regen"
+    done = regenerate(out, "runner=ray", "runner.num_replicas=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert parts_of(out) == parts_of(clean[0])
+    assert subprocess.run([sys.executable, "-m", "pipeline.verify", str(out)], cwd=REPO, capture_output=True,
+                          timeout=120).returncode == 0
