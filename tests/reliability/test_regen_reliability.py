@@ -154,3 +154,23 @@ def test_ray_replicas_regenerate_the_local_records(clean, tmp_path):
     assert parts_of(out) == parts_of(clean[0])
     assert subprocess.run([sys.executable, "-m", "pipeline.verify", str(out)], cwd=REPO, capture_output=True,
                           timeout=120).returncode == 0
+
+
+def test_seeded_sampling_resumes_to_the_same_records_and_n_samples_differ(tmp_path):
+    """HF samples one request at a time from a generator seeded per turn: a killed seeded regeneration resumes to
+    the uninterrupted one's bytes, and the n samples of one prompt are n different answers."""
+    seeded = ("sampling.temperature=1.0", "sampling.top_p=0.9", "sampling.n=2", "sampling.seed=7")
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert regenerate(whole, *seeded).returncode == 0
+    assert regenerate(cut, *seeded, fault="kill@rename:part-00000.done.json").returncode == -9
+    assert regenerate(cut, *seeded).returncode == 0
+    assert parts_of(cut) == parts_of(whole)
+    import pyarrow.parquet as pq
+
+    rows = [r for p in parts_of(whole) for r in pq.read_table(whole / p["file"]).to_pylist()]
+    assert [(r["row"], r["sample"]) for r in rows] == [(row, s) for row in range(4) for s in range(2)]
+    firsts = {}
+    for r in rows:
+        firsts.setdefault(r["row"], []).append(r["turns"][0]["output_ids"])
+    assert all(a != b for a, b in firsts.values())
+    assert len({r["turns"][0]["seed"] for r in rows}) == len(rows)

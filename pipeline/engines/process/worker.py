@@ -26,7 +26,8 @@ from pipeline.points import parse_points
 def _load(target: str, init: dict[str, Any]):
     module_name, cls_name = target.split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
-    points = parse_points(init["points"], num_layers=init["num_layers"])
+    # An engine started to generate captures nothing: no points.
+    points = parse_points(init["points"], num_layers=init["num_layers"]) if init["points"] else []
     return cls(EngineSpec(**init["spec"]), model_path=init["model_path"], points=points, num_layers=init["num_layers"],
                trust_remote_code=bool(init.get("trust_remote_code", False)), max_seq_len=init.get("max_seq_len"),
                task=init.get("task", "capture"))

@@ -124,6 +124,7 @@ _APPLIED = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min
 def _applied(params: Any) -> dict[str, Any]:
     applied = {key: getattr(params, key, None) for key in _APPLIED}
     applied["all_stop_token_ids"] = sorted(getattr(params, "_all_stop_token_ids", ()) or ())
+    applied["eos_token_id"] = getattr(params, "_eos_token_id", None)
     return json.loads(json.dumps(applied, default=str))
 
 
@@ -247,8 +248,20 @@ class VLLMEngine(Engine):
         outputs = self._llm.generate([{"prompt_token_ids": list(r.prompt_ids)} for r in requests], params,
                                      use_tqdm=False)
         return [Generation(request_id=r.request_id, output_ids=tuple(o.outputs[0].token_ids),
-                           finish_reason=_finish(o.outputs[0].finish_reason), applied=_applied(p))
+                           finish_reason=_finish(o.outputs[0].finish_reason), applied=_applied(self._as_applied(p)))
                 for r, o, p in zip(requests, outputs, params)]
+
+    def _as_applied(self, params: Any) -> Any:
+        """The request's SamplingParams as vLLM's input processor completes a clone of them before scheduling (the
+        model's generation-config eos ids merged in): what really decided where generation stopped."""
+        try:
+            processor = self._llm.llm_engine.input_processor
+            applied = params.clone()
+            applied.update_from_generation_config(processor.generation_config_fields,
+                                                  processor.renderer.get_eos_token_id())
+        except AttributeError:  # another vLLM's internals: the values as sent
+            return params
+        return applied
 
     def _take(self, request_ids: list[str]) -> dict[str, dict[str, torch.Tensor]]:
         if not self._own_process:  # same process: the worker's tensors, no copy
