@@ -140,13 +140,17 @@ def test_extract_captures_exactly_the_generated_ids(regen_hf, tmp_path):
 
 
 VLLM_PLAIN = """
-import json, sys
+import json, os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the EngineCore in this process, as the adapter runs it
 from vllm import LLM, SamplingParams
-job = json.load(open(sys.argv[1]))
-llm = LLM(model=job["model"], dtype="float32", enforce_eager=True, max_model_len=2048, enable_prefix_caching=False)
-params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], stop_token_ids=[2], detokenize=False)
-outs = llm.generate([{"prompt_token_ids": p} for p in job["prompts"]], params, use_tqdm=False)
-json.dump([list(o.outputs[0].token_ids) for o in outs], open(sys.argv[2], "w"))
+
+if __name__ == "__main__":
+    job = json.load(open(sys.argv[1]))
+    llm = LLM(model=job["model"], dtype="float32", enforce_eager=True, max_model_len=2048,
+              enable_prefix_caching=False)
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], stop_token_ids=[2], detokenize=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in job["prompts"]], params, use_tqdm=False)
+    json.dump([list(o.outputs[0].token_ids) for o in outs], open(sys.argv[2], "w"))
 """
 
 
