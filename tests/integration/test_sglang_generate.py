@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from pipeline.core.contracts import FINISH_REASONS, EngineSpec, GenerationRequest, Sampling
+from pipeline.engines.base import GenerationUnsupported
 from pipeline.engines.registry import REPO_ROOT, make_engine
 from pipeline.engines.sglang.generation import sglang_params
 from pipeline.factory.packaged import SMOLLM2
@@ -173,3 +174,19 @@ def test_sampling_maps_to_sglangs_conventions():
     params = sglang_params(Sampling(top_k=0, stop_token_ids=(), max_tokens=5, seed=3))
     assert params["top_k"] == -1 and params["stop_token_ids"] is None and params["max_new_tokens"] == 5
     assert params["no_stop_trim"] and params["sampling_seed"] == 3
+
+
+def test_only_a_generate_engine_generates_and_it_ignores_capture_points(smol):
+    """Without starting SGLang: the adapter class itself (constructing it imports no SGLang)."""
+    from pipeline.engines.sglang.adapter import SGLangEngine
+
+    spec = EngineSpec(name="sglang", dtype="float32", options={"device": "cpu"})
+    capture = SGLangEngine(spec, model_path=str(smol), points=parse_points(["final_norm"], num_layers=30),
+                           num_layers=30)
+    request = GenerationRequest(request_id="r", prompt_ids=(1, 2, 3), sampling=greedy())
+    with pytest.raises(GenerationUnsupported, match="task='capture'.*task='generate'"):
+        capture.generate([request])
+    # b30, which SGLang cannot capture, would stop a capture engine; a generate engine captures nothing
+    generate = SGLangEngine(spec, model_path=str(smol), points=parse_points([30], num_layers=30), num_layers=30,
+                            task="generate")
+    assert generate.plan is None

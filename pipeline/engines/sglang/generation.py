@@ -9,6 +9,10 @@ Settings, and why:
 - `skip_tokenizer_init=True`: prompts are token ids rendered by the model's own chat template; SGLang never tokenises
   or detokenises (responses carry `output_ids` straight from the scheduler).
 - `no_stop_trim=True` on every request: the stop/eos id SGLang matched stays in `output_ids` (checked per request).
+  SGLang 0.5.23 keeps it in token-id responses by default too (its trim is the detokenizer's, on text); the
+  flag makes that explicit.
+- KV pool (`max_total_tokens`) = `engine.options.max_tokens_per_forward`: here it bounds the prompt and generated
+  tokens of all running requests together; the scheduler admits requests as the pool allows.
 - radix cache off (`RADIX_CACHE`): an answer must not depend on which requests ran before it; a prefix served from
   the cache is attended in two pieces (cached prefix + new extend) instead of one, which changes the low bits and
   hence, eventually, sampled or greedy tokens. Regeneration values reproducibility over prefix reuse.
