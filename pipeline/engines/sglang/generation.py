@@ -98,6 +98,11 @@ class GenerationSession:
         self._preferred = dict(tm.preferred_sampling_params or {})
         self._model_config = tm.model_config
         self._eos = sorted(int(t) for t in (tm.model_config.hf_eos_token_id or ()))
+        # One prefill and one decode step now: one-off costs are paid at start, not in the first real call, and a
+        # decode path that needs a real sgl_kernel op (the CPU stand-in raises) fails the start, not a run.
+        warm = Sampling(max_tokens=2, stop_token_ids=())
+        self.engine.generate(input_ids=[list(range(1, 9))],
+                             sampling_params=[{**sglang_params(warm), "ignore_eos": True}])
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         if not requests:
