@@ -73,7 +73,7 @@ def prompts(smol) -> list[tuple[int, ...]]:
 @pytest.fixture(scope="module")
 def generator(smol):
     skip_without("sglang")
-    # points are ignored by task="generate"; the worker's init refuses an empty list (parse_points), so one is given
+    # points are ignored by task="generate"; the worker's init at main 0656cef refuses an empty list (parse_points)
     engine = make_engine(EngineSpec(name="sglang", dtype="float32"), model_path=str(smol),
                          points=parse_points(["final_norm"], num_layers=30), num_layers=30, task="generate")
     start = time.perf_counter()
@@ -159,7 +159,7 @@ def test_a_mixed_batch_comes_back_in_request_order_with_stop_and_length(generato
     assert sampled.finish_reason in FINISH_REASONS and 1 <= len(sampled.output_ids) <= 8
     a = sampled.applied
     assert (a["temperature"], a["top_p"], a["top_k"], a["greedy"], a["max_new_tokens"]) == (0.8, 0.9, 20, False, 8)
-    assert a["sampling_seed"] == 7 and a["seed"] is None
+    assert a["seed"] == 7 and a["seed_honoured"] is False  # passed to SGLang, not sampled with on CPU
 
 
 def test_info_describes_the_generation_runner(generator):

@@ -21,7 +21,7 @@ Settings, and why:
   for the `torch_native` attention backend the CPU engine needs (only ascend/fa3/fa4/flashinfer/intel_xpu/triton).
   So on CPU the seed is passed (SGLang validates it) but not used: sampling draws from the scheduler's torch
   generator, seeded once by `random_seed`, and the sampled tokens of one request depend on what else is in the batch.
-  `Generation.applied` says so per request (`seed: None`, `seed_honoured: False`). Greedy requests are unaffected.
+  `Generation.applied` says so per request (`seed_honoured: False`). Greedy requests are unaffected.
 """
 from __future__ import annotations
 
@@ -137,8 +137,8 @@ class GenerationSession:
             # ignore_eos False: SGLang also stops on the model's own eos ids (config.json + generation_config.json)
             "eos_token_ids": [] if sp.ignore_eos else self._eos,
             "no_stop_trim": sp.no_stop_trim, "logit_bias": sp.logit_bias, "n": sp.n,
-            "sampling_seed": sp.sampling_seed, "seed": None, "seed_honoured": False,
-            "random_seed": self.settings.random_seed,
+            # the request's seed as SGLang holds it (sampling_seed), and that SGLang does not sample with it
+            "seed": sp.sampling_seed, "seed_honoured": False, "random_seed": self.settings.random_seed,
         }
 
     def facts(self) -> dict[str, Any]:
