@@ -19,6 +19,8 @@ Why the in-process model runner, not `sglang.Engine.generate` (figures: bench/RE
   same `ModelRunner.forward` the scheduler runs (the tests show its final states equal `Engine.generate`'s exactly)
   and keeps `LogitsProcessorOutput.hidden_states` (packed aux) and `.last_hidden_states` (post-norm) as tensors from
   one forward: no lists, no second pass.
+The generate task (`task="generate"`, the regeneration stage) runs SGLang's real serving path instead,
+`sglang.Engine` fed token ids: `pipeline.engines.sglang.generation`.
 Tensor parallelism (`engine.tp_size`, GPUs only): this runner is rank 0; ranks 1.. run in processes of their own, in
 lockstep (`pipeline.engines.sglang.tp`), as SGLang's own in-process benchmark runs them. Not exercised on the CPU
 machines this was built on: SGLang 0.5.23's CPU engine cannot form TP groups (it builds an NCCL communicator on the CPU
@@ -32,9 +34,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, PreparedSample
-from pipeline.engines.base import Engine
+from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, Generation, GenerationRequest, PreparedSample
+from pipeline.engines.base import Engine, GenerationUnsupported
 from pipeline.engines.sglang import cpu as sglang_cpu
+from pipeline.engines.sglang.generation import RADIX_CACHE_WHY, GenerationSession, GenerationSettings
 from pipeline.engines.sglang.options import SGLangOptions
 from pipeline.engines.sglang.plan import AUX, TABLE, CapturePlan, make_plan
 from pipeline.engines.sglang.runner import ModelRunnerSession, RunnerSettings, set_platform_env
@@ -92,13 +95,18 @@ class SGLangEngine(Engine):
         if self.device == "cpu":
             _refuse_quantized_on_cpu(self.model_path, info.quantization)
             _refuse_tp_on_cpu(self.spec.tp_size)
-        self.plan: CapturePlan = make_plan(self.points, family=info.family, num_layers=self.num_layers,
-                                           aux_layer_ids=self.opts.aux_layer_ids)
+        # Generating captures nothing: no plan, and points given with task="generate" are ignored (a capture
+        # config's points, b{N} among them, must not stop a generation the plan would refuse)
+        self.plan: CapturePlan | None = None
+        if self.task == "capture":
+            self.plan = make_plan(self.points, family=info.family, num_layers=self.num_layers,
+                                  aux_layer_ids=self.opts.aux_layer_ids)
         self.max_tokens_per_forward = self.opts.max_tokens_per_forward
         self._session = None
         self._table: torch.Tensor | None = None
         self._table_key: str | None = None
         self._compat: dict[str, Any] | None = None
+        self._generator: GenerationSession | None = None
 
     def _settings(self) -> RunnerSettings:
         backend = self.opts.attention_backend or ("torch_native" if self.device == "cpu" else None)
@@ -109,10 +117,22 @@ class SGLangEngine(Engine):
                               log_level=self.opts.log_level,
                               trust_remote_code=self.trust_remote_code)
 
+    def _generation_settings(self) -> GenerationSettings:
+        backend = self.opts.attention_backend or ("torch_native" if self.device == "cpu" else None)
+        return GenerationSettings(model_path=self.model_path, dtype=self.dtype, device=self.device,
+                                  attention_backend=backend, kv_pool_tokens=self.max_tokens_per_forward,
+                                  mem_fraction_static=self.opts.mem_fraction_static, tp_size=self.spec.tp_size,
+                                  log_level=self.opts.log_level, trust_remote_code=self.trust_remote_code)
+
     def start(self) -> None:
         set_platform_env(self.device)
         if self.device == "cpu":
             self._compat = sglang_cpu.activate()  # before SGLang's first import in this process
+        if self.task == "generate":
+            self._generator = GenerationSession(self._generation_settings())
+            self._generator.start()
+            self._facts = self._generator.facts()
+            return
         settings = self._settings()
         self._session = ModelRunnerSession(settings, start_followers=Followers if settings.tp_size > 1 else None)
         self._session.start()
@@ -191,9 +211,43 @@ class SGLangEngine(Engine):
         groups = self._forwards([s.input_ids_T for s in samples], [s.sample_id for s in samples])
         return [c for group in groups for c in self._capture_group([samples[i] for i in group])]
 
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        if self._generator is None:
+            raise GenerationUnsupported(f"engine={self.spec.name!r} was started for task={self.task!r}: only an "
+                                        f"engine made with task='generate' generates")
+        return self._generator.generate(requests)
+
+    def _generate_info(self) -> EngineInfo:
+        import transformers
+
+        facts = self._facts
+        return EngineInfo(
+            framework="sglang", framework_version=facts["sglang_version"], dtype=facts["dtype"],
+            quantization={"method": facts["quantization"], "dequantized_at_load": False},
+            attention_backend=facts["attention_backend"],
+            parallel={"tp": facts["tp"], "pp": facts["pp"], "dp": 1},
+            libraries={"sglang": facts["sglang_version"], "torch": torch.__version__,
+                       "transformers": transformers.__version__},
+            points=[],
+            extra={"task": "generate",
+                   "runner": "sglang.Engine (scheduler with continuous batching, decode and its sampler, in spawned "
+                             "processes), prompts as token ids, skip_tokenizer_init",
+                   "architecture": facts["architecture"], "device": facts["device"],
+                   "sampling_backend": facts["sampling_backend"], "radix_cache": RADIX_CACHE_WHY,
+                   "cuda_graph": "disabled" if self.device == "cpu" else "enabled",
+                   "kv_pool_tokens": facts["kv_pool_tokens"], "context_length": facts["context_length"],
+                   "eos_token_ids": facts["eos_token_ids"],
+                   "seed": "per-request sampling_seed passed but not used: SGLang reads it only under "
+                           "enable_deterministic_inference, not enabled here (0.5.23 refuses it with torch_native, "
+                           "the CPU backend); sampling draws from the scheduler's generator seeded by random_seed",
+                   "trust_remote_code": self.trust_remote_code, "cpu_compat": self._compat},
+        )
+
     def info(self) -> EngineInfo:
         import transformers
 
+        if self.task == "generate":
+            return self._generate_info()
         facts = self._facts
         moe = facts["moe"] or {}
         return EngineInfo(
@@ -216,6 +270,9 @@ class SGLangEngine(Engine):
         )
 
     def close(self) -> None:
+        if self._generator is not None:
+            self._generator.close()
+            self._generator = None
         if self._session is not None:
             self._session.close()
             self._session = None
