@@ -57,9 +57,12 @@ REGEN_DIR = outdir.DirKind(layout=rd.LAYOUT, noun="regeneration", job="regenerat
 _NOT_READ = ("gate", "diff")
 DETERMINISM = ("greedy: the same ids on every resume and rerun on the same machine, engine and thread count; "
                "seeded sampling: each turn's seed comes from sampling.seed and the conversation id, so the same "
-               "request gets the same seed whatever it is batched with; its ids repeat where the engine computes the "
-               "same logits for it (HF: one request at a time, always; vLLM and SGLang: float32, or bf16 when the "
-               "batch composition does not change the kernels' reduction order)")
+               "request gets the same seed whatever it is batched with; its ids repeat where the engine honours "
+               "per-request seeds and computes the same logits for it (HF: one request at a time, always; vLLM: "
+               "float32, or bf16 when the batch composition does not change the kernels' reduction order; SGLang "
+               "0.5.23 on CPU ignores per-request seeds (it reads them only with deterministic inference, which "
+               "its CPU attention backend refuses): its sampled ids depend on the batch, and each turn's applied "
+               "values say seed_honoured false)")
 
 
 class NoValidRecords(UsageError, RuntimeError):

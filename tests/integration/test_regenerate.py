@@ -176,3 +176,22 @@ def test_vllm_greedy_answers_are_vllms_own_plain_generate(tmp_path, prompts, smo
     hf = [t["output_ids"] for r in conversations(regen_hf) for t in r["turns"]]
     same = sum(a == b for a, b in zip(hf, [t["output_ids"] for t in turns]))
     print(f"vLLM float32 greedy turns equal to HF float32 greedy: {same}/{len(hf)}")
+
+
+def test_sglang_regenerates_the_same_conversations(tmp_path, prompts, regen_hf):
+    """Through SGLang's own scheduler (its greedy ids against SGLang's plain generate: test_sglang_generate.py)."""
+    from tests.helpers.markers import skip_without
+
+    skip_without("sglang")
+    out = tmp_path / "sglang"
+    done = regenerate(out, prompts, "engine=sglang", "engine.dtype=float32", "data.limit=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "answers by sglang" in done.stdout
+    rows = conversations(out)
+    assert [(r["row"], len(r["turns"])) for r in rows] == [(0, 1), (1, 2)]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["provenance"]["engine"]["framework"] == "sglang"
+    assert cli("pipeline.verify", str(out)).returncode == 0
+    hf = [t["output_ids"] for r in conversations(regen_hf)[:2] for t in r["turns"]]
+    same = sum(a == b for a, b in zip(hf, [t["output_ids"] for r in rows for t in r["turns"]]))
+    print(f"SGLang float32 greedy turns equal to HF float32 greedy: {same}/{len(hf)}")
