@@ -4,7 +4,7 @@
                                                [--prompts 32] [--max-tokens 64] [--repeats 3]
 
 Plain: the engine's own generate API called inside its worker on the prompts' token ids, all at once, greedy
-(vLLM: `LLM.generate`). Regenerate: the regeneration stage as `pipeline.regenerate` runs it on the same started
+(vLLM: `LLM.generate`; SGLang: `Engine.generate`). Regenerate: the regeneration stage as `pipeline.regenerate` runs it on the same started
 engine (prompts rendered by the chat template, requests through the worker transport, answers parsed into the
 history, the Parquet part and its marker written with sha256). Both greedy with the same stop ids, so both produce the
 same tokens; alternated --repeats times; ratios of the median times per generated token, and best-of. Goal: >= 0.9.
@@ -20,7 +20,7 @@ from statistics import median
 
 from pipeline.factory.tiny import RECIPES
 
-ENGINES = {"vllm": "vllm-timed"}
+ENGINES = {"vllm": "vllm-timed", "sglang": "sglang-timed"}
 
 
 def main() -> None:

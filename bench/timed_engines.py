@@ -56,3 +56,13 @@ class TimedSGLangEngine(SGLangEngine):
             self._session.forward([seqs[i] for i in group])
         return time.perf_counter() - start
 
+
+    def plain_generate_seconds(self, prompts: list[list[int]], max_tokens: int,
+                               stop_ids: list[int]) -> list[float]:
+        """[seconds, generated tokens] of SGLang's own `Engine.generate` on `prompts` (greedy, one call): the baseline
+        of bench/regen_throughput.py, on the started generate-task engine."""
+        params = {"temperature": 0.0, "max_new_tokens": max_tokens, "stop_token_ids": stop_ids}
+        start = time.perf_counter()
+        outs = self._generator.engine.generate(input_ids=prompts, sampling_params=[dict(params) for _ in prompts])
+        outs = [outs] if isinstance(outs, dict) else outs
+        return [time.perf_counter() - start, float(sum(len(o["output_ids"]) for o in outs))]

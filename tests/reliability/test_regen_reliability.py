@@ -175,3 +175,26 @@ def test_seeded_sampling_resumes_to_the_same_records_and_n_samples_differ(tmp_pa
         firsts.setdefault(r["row"], []).append(r["turns"][0]["output_ids"])
     assert all(a != b for a, b in firsts.values())
     assert len({r["turns"][0]["seed"] for r in rows}) == len(rows)
+
+
+def test_verify_names_a_changed_part_and_a_foreign_file(clean, tmp_path):
+    import shutil
+
+    out = tmp_path / "regen"
+    shutil.copytree(clean[0], out)
+
+    def verify() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pipeline.verify", str(out)], cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+
+    sound = verify()
+    assert sound.returncode == 0 and "regeneration of 4 records" in sound.stdout
+    part = out / "records" / "part-00001.parquet"
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    part.write_bytes(bytes(data))
+    (out / "notes.txt").write_text("mine")
+    broken = verify()
+    assert broken.returncode == 3
+    assert "records/part-00001.parquet: sha256 differs from the manifest's" in broken.stderr
+    assert "notes.txt: not a file a regeneration writes" in broken.stderr
