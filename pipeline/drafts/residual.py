@@ -71,6 +71,15 @@ def trained_with(draft: Draft) -> tuple[bool, str]:
                    "trained with; SpecForge 0.2.0's trainer ignores the key, so a SpecForge draft should not set it)")
 
 
+def served_with(draft: Draft, rule: ResidualRule) -> tuple[bool, str]:
+    """What the server applies under `rule`, and why, in words."""
+    if not rule.honours:
+        return False, f"ignores norm_before_residual ({rule.source})"
+    if draft.norm_before_residual is None:
+        return rule.absent, f"reads no norm_before_residual, so applies {str(rule.absent).lower()} ({rule.source})"
+    return draft.norm_before_residual, f"honours config.json norm_before_residual ({rule.source})"
+
+
 def _word(before: bool) -> str:
     return "norm before residual (true)" if before else "norm after residual (false)"
 
@@ -84,13 +93,7 @@ def check_norm_before_residual(draft: Draft, view: ServerView) -> list[Finding]:
                                     f"norm_before_residual was not read from this version's source; using "
                                     f"{rule.versions[-1]}'s ({rule.source})")]
     trained, where = trained_with(draft)
-    if not rule.honours:
-        served, how = False, f"ignores norm_before_residual ({rule.source})"
-    elif draft.norm_before_residual is None:
-        served = rule.absent
-        how = f"reads no norm_before_residual, so applies {str(served).lower()} ({rule.source})"
-    else:
-        served, how = draft.norm_before_residual, f"honours config.json norm_before_residual ({rule.source})"
+    served, how = served_with(draft, rule)
     if served == trained:
         out.append(Finding("OK", "norm-before-residual", f"{name} {how}: {_word(served)}, what the drafter was trained "
                            f"with ({where})"))
