@@ -167,3 +167,17 @@ def test_a_parameter_vllms_forward_never_reads_is_no_mismatch_but_one_it_reads_i
                          (no_first, "model.layers.0.hidden_norm.weight")):
         (found,) = findings_from(result, "vllm 0.32.0")
         assert found.status == "MISMATCH" and f"left 1 parameters uninitialised: {name}" in found.message, result
+
+
+@needs_sglang
+def test_sglangs_eagle3_drafts_never_read_norm_before_residual(tmp_path):
+    """The residual table's SGLang row, against the installed source: neither EAGLE-3 draft class reads the key (it
+    keeps the residual before hidden_norm), while both read norm_output."""
+    proc = subprocess.run([str(SGLANG_PYTHON), "-c", "import importlib.util as u; print(u.find_spec('sglang').origin)"],
+                          capture_output=True, text=True, timeout=120)
+    models = Path(proc.stdout.strip()).parent / "srt" / "models"
+    for name in ("llama_eagle3.py", "kimi_k25_eagle3.py"):
+        source = (models / name).read_text()
+        assert "norm_before_residual" not in source and "norm_output" in source, name
+    rule, known = rule_for("sglang", "specforge", "0.5.23")
+    assert known and not rule.honours
