@@ -106,7 +106,8 @@ def vocab(export_dir: Path, result_dir: Path, verifier: Path, n: int) -> None:
     own = torch.load(own_path, weights_only=True)
     after = _listing(export_dir)
     save_file({"d2t": d2t, "t2d": t2d, "freq_ids": torch.tensor(list(freq), dtype=torch.int64),
-               "freq_counts": torch.tensor(list(freq.values()), dtype=torch.int64)}, str(result_dir / "loaded.safetensors"))
+               "freq_counts": torch.tensor(list(freq.values()), dtype=torch.int64)},
+              str(result_dir / "loaded.safetensors"))
     (result_dir / "result.json").write_text(json.dumps({
         "size": size, "found_size": found_size, "d2t_dtype": str(d2t.dtype), "t2d_dtype": str(t2d.dtype),
         "found_equal": torch.equal(found_d2t, d2t) and torch.equal(found_t2d, t2d),
