@@ -1,5 +1,5 @@
 """`python -m pipeline.export RUN_DIR --format speculators|specforge --out OUT_DIR [--aux POINTS [--convention C]]
-[--last POINT]`.
+[--last POINT] [--draft-vocab N]`.
 
 Writes a finished, verified run in the layout a trainer reads as it is (pipeline/exports/). POINTS are written as
 `capture.points` takes them: canonical labels or boundaries (b3,b31,b59 or [3,31,59]), or with `--convention` a
@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--convention", default="canonical", choices=FRAMEWORKS,
                         help="the numbering --aux is written in, as capture.convention (default: canonical)")
     parser.add_argument("--last", default=None, help="the last slot's point (must be the one the layout needs)")
+    parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                        help="speculators: also write token_freq.pt and d2t-N.npy/t2d-N.npy for the N most frequent "
+                             "trained tokens, as speculators' own data preparation would")
     return parser
 
 
@@ -53,7 +56,8 @@ def _aux(args: argparse.Namespace) -> list[str] | None:
 def export(argv: Sequence[str] | None) -> ExitCode:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    result = export_run(args.run_dir, args.out, exporter_for(args.format), aux=_aux(args), last=args.last)
+    result = export_run(args.run_dir, args.out, exporter_for(args.format), aux=_aux(args), last=args.last,
+                        draft_vocab=args.draft_vocab)
     slots = ", ".join(p.label for p in result.plan.points)
     if result.status == "complete":
         print(f"already complete: {result.out} ({args.format}, slots {slots}); nothing written")

@@ -251,7 +251,7 @@ def default_aux_boundaries(num_layers: int) -> list[Point]:
     return [Point(b) for b in (2, num_layers // 2, num_layers - 3)]
 
 
-def _version_key(version: str) -> tuple[int, ...]:
+def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
 
 
@@ -269,11 +269,11 @@ def numbering_for(framework: str, *, model_type: str, architecture: str | None =
     if version is None:
         exact = []
     else:
-        exact = [r for r in rows if any(_version_key(v) == _version_key(version) for v in r.versions)]
+        exact = [r for r in rows if any(version_key(v) == version_key(version) for v in r.versions)]
     if exact:
         return exact[0], True
-    want = _version_key(version) if version else (1 << 30,)
-    older = [r for r in rows if max(_version_key(v) for v in r.versions) <= want]
+    want = version_key(version) if version else (1 << 30,)
+    older = [r for r in rows if max(version_key(v) for v in r.versions) <= want]
     if older:
-        return max(older, key=lambda r: max(_version_key(v) for v in r.versions)), False
-    return min(rows, key=lambda r: min(_version_key(v) for v in r.versions)), False
+        return max(older, key=lambda r: max(version_key(v) for v in r.versions)), False
+    return min(rows, key=lambda r: min(version_key(v) for v in r.versions)), False

@@ -64,7 +64,9 @@ class Draft:
     top_level_aux_ids: list[int] | None  # `eagle_aux_hidden_state_layer_ids` at the top level (speculators, vLLM)
     use_aux_hidden_state: bool | None  # `eagle_config.use_aux_hidden_state` (None: absent, the servers' true)
     num_aux_hidden_states: int | None  # the decoder layer config's explicit aux count
-    norm_output: bool | None  # the decoder layer config's `norm_output` (None: absent)
+    norm_output: bool | None  # `norm_output` where the draft's format keeps it (None: absent)
+    norm_output_from: str  # where it was read, in words
+    norm_before_residual: bool | None  # top-level `norm_before_residual` (None: absent)
     tensors: dict[str, Tensor]
     vocab_maps: dict[str, torch.Tensor] = field(default_factory=dict)  # d2t / t2d, loaded (small)
 
@@ -144,6 +146,21 @@ def _aux_ids(fields: Fields | None) -> list[int] | None:
     return list(ids) if ids else None
 
 
+def _norm_output(config: Fields, fmt: str) -> dict[str, Any]:
+    """speculators 0.9 keeps `norm_output` at the top level of Eagle3SpeculatorConfig (models/eagle3/config.py), and
+    vLLM 0.32's converter copies the top-level value over transformer_layer_config's (speculators/algos.py
+    update_eagle3: config_dict.get("norm_output", False)): a nested one is read by neither. SpecForge/SGLang Llama
+    and the MLA draft are one flat config, read at the top level (getattr(config, "norm_output", ...))."""
+    value = config.bool("norm_output", optional=True)
+    if fmt != "speculators":
+        return {"norm_output": value, "norm_output_from": "config.json norm_output"}
+    nested = config.obj("transformer_layer_config").bool("norm_output", optional=True)
+    where = "config.json norm_output (top level, where speculators and vLLM read it)"
+    if nested is not None and nested != value:
+        where += f"; transformer_layer_config.norm_output {str(nested).lower()} is read by neither"
+    return {"norm_output": value, "norm_output_from": where}
+
+
 def read_draft(path: Path) -> Draft:
     path = Path(path)
     if not path.is_dir():
@@ -161,7 +178,8 @@ def read_draft(path: Path) -> Draft:
                  eagle_config_aux_ids=_aux_ids(eagle), top_level_aux_ids=_aux_ids(config),
                  use_aux_hidden_state=eagle.bool("use_aux_hidden_state", optional=True) if eagle else None,
                  num_aux_hidden_states=layer.int("num_aux_hidden_states", optional=True, minimum=1),
-                 norm_output=layer.bool("norm_output", optional=True))
+                 norm_before_residual=config.bool("norm_before_residual", optional=True),
+                 **_norm_output(config, fmt))
     tensors, maps = _tensors(path)
     if "fc.weight" not in tensors:
         raise DraftError(f"{path}: no fc.weight in its safetensors (an EAGLE-3 draft projects its aux states with "

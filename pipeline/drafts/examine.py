@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pipeline.drafts import features, fit
+from pipeline.drafts import features, fit, residual
 from pipeline.drafts.checkpoint import Draft, read_draft
 from pipeline.drafts.flags import Flags, parse
 from pipeline.drafts.report import Finding
@@ -57,6 +57,7 @@ def examine(request: Request, weights: WeightsCheck | None = None) -> tuple[list
     found.append(fit.check_d2t(draft, target))
     found.append(features.check_final_norm(draft, target))
     found.append(features.check_norm_output(draft))
+    found += residual.check_norm_before_residual(draft, server)
     found += fit.check_flags(flags, server, draft)
     found.append(fit.check_kernels(target, server, flags))
     if (answers := fit.check_answers(target, server)) is not None:

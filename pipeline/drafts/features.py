@@ -155,8 +155,9 @@ def check_norm_output(draft: Draft) -> Finding:
     (docs/engines.md#eagle-3-drafts-what-sglang-0523-and-vllm-032-read)."""
     value = draft.norm_output
     if draft.format != "specforge":
-        return Finding("OK", "draft-norm", f"norm_output {bool(value)}: the same meaning in the trainer and the "
-                       "servers (true: the post-norm state feeds the next draft step)")
+        shown = "absent (false)" if value is None else str(value).lower()
+        return Finding("OK", "draft-norm", f"norm_output {shown}, read from {draft.norm_output_from}: the same "
+                       "meaning in the trainer and the servers (true: the post-norm state feeds the next draft step)")
     if value is None:
         return Finding("OK", "draft-norm", "no norm_output: SpecForge trained normed logits and pre-norm feedback, "
                        "what SGLang and vLLM serve by default")

@@ -8,7 +8,7 @@ own index files; `export.json` last.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -16,6 +16,7 @@ import torch
 
 from pipeline.core.io import atomic_path
 from pipeline.core.outdir import unusable_dir
+from pipeline.exports import vocab
 from pipeline.exports.base import Exporter, ExportSample
 from pipeline.exports.progress import ExportProgress
 from pipeline.exports.sidecar import build, claim, export_layout, finish, hold, plan_record, status
@@ -89,8 +90,10 @@ def _tokens(reader: RunReader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[str] | None = None,
-               last: str | None = None, verify: bool = True) -> ExportResult:
-    """Export `run_dir` into `out` with `exporter`'s layout; ExportError says why a run or `out` does not fit."""
+               last: str | None = None, verify: bool = True, draft_vocab: int | None = None) -> ExportResult:
+    """Export `run_dir` into `out` with `exporter`'s layout; ExportError says why a run or `out` does not fit.
+    `draft_vocab` N (speculators only): also the trainer's token frequencies and d2t/t2d for the N most frequent
+    trained tokens (exports/vocab.py)."""
     run_dir, out = Path(run_dir), Path(out)
     manifest = _manifest(run_dir)
     if (why := run_conflict(out, itself=True)) is not None:
@@ -102,6 +105,15 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
         raise ExportError(f"run {run_dir}: its manifest's provenance has no model.num_layers, so bN is unknown")
     plan = plan_slots(exporter.layout, run_points=manifest["points"], num_layers=num_layers, aux=aux, last=last)
     record = plan_record(run_dir, manifest, exporter.layout, plan)
+    files, target_vocab = exporter.files, None
+    if draft_vocab is not None:
+        if exporter.layout.name != "speculators":
+            raise ExportError(f"--draft-vocab writes speculators' vocabulary files; the {exporter.layout.name} "
+                              "layout does not read them")
+        target_vocab = vocab.target_vocab_size(manifest, run_dir)
+        vocab.check_size(draft_vocab, target_vocab)
+        record["draft_vocab"] = draft_vocab  # only when asked: the plans of exports without it stay as they were
+        files = replace(files, files=files.files + vocab.names(draft_vocab))
     sidecar = build(run_dir, manifest, exporter.layout, plan, record)  # before any file: it cannot fail at the end
     progress = ExportProgress(name=exporter.layout.name, num_samples=manifest["num_samples"],
                               num_tokens=manifest["num_tokens"])
@@ -117,10 +129,12 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
         found = claim(out, record)
         if found == "complete":  # another export finished it while this one verified the run
             return complete
-        export_layout(exporter.files).remove_stale_temps(out)
+        export_layout(files).remove_stale_temps(out)
         with RunReader(run_dir) as reader, progress:
             _write_samples(reader, exporter, plan, out, progress)
             index_files = exporter.finish(out, _tokens(reader))
+            if draft_vocab is not None:
+                sidecar["draft_vocab"] = vocab.write(out, _tokens(reader), draft_vocab, target_vocab)
         sidecar["files"] = {"num_samples": progress.written + progress.skipped,
                             "first_sample": _rel(exporter.sample_file(out, 0), out),
                             "index_files": [_rel(p, out) for p in index_files]}

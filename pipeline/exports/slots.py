@@ -167,6 +167,11 @@ def serving_ids(plan: SlotPlan, *, model_type: str, num_layers: int) -> dict[str
         out["sglang"]["note"] = "eagle3 layers_to_capture; the last slot is SGLang's post-norm output (no layer id)"
         out["vllm"]["note"] = "id k = boundary k; the last slot is vLLM's post-norm output (no layer id)"
     else:
-        out["sglang"]["note"] = "SGLang 0.5.23 cannot feed bN (last is null): serve this draft with vLLM"
+        # A server feeds a draft only its aux states; the last slot is the trainer's target, which no server feeds.
+        feeds = (f"SGLang feeds a draft only its aux states (aux_layer_ids {out['sglang']['aux_layer_ids']})"
+                 if out["sglang"]["aux_layer_ids"] is not None else
+                 "SGLang feeds a draft only its aux states, and cannot select these (aux_error)")
+        out["sglang"]["note"] = (f"{feeds}; the last slot bN is the trainer's target, never fed to a draft; SGLang "
+                                 "0.5.23 cannot capture bN (last is null), so capture it with HF or vLLM")
         out["vllm"]["note"] = "id k = boundary k (0 = embedding output, N = last layer output before the norm)"
     return out

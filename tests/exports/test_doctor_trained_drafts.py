@@ -45,8 +45,11 @@ def test_a_speculators_trained_draft_served_by_vllm_and_by_sglang(trained, model
     assert rc == 0, report
     assert checks["aux-ids"]["status"] == "OK" and "captures b1,b3,b5" in checks["aux-ids"]["message"]
     assert checks["final-norm"]["status"] == "OK" and "b6" in checks["final-norm"]["message"]
+    # speculators' own CLI trains with norm_before_residual true, which vLLM honours and SGLang ignores
+    assert checks["norm-before-residual"]["status"] == "OK", checks["norm-before-residual"]
     rc, checks, _ = _doctor(draft, "sglang", export, models_root)
     assert rc == 3 and checks["aux-capture"]["status"] == "MISMATCH" and "no reader" in checks["aux-capture"]["message"]
+    assert checks["norm-before-residual"]["status"] == "MISMATCH", checks["norm-before-residual"]
     # and a speculators draft checked against a SpecForge export: the last slot is the wrong final state
     spec_export, _, _ = trained("specforge")
     rc, checks, _ = _doctor(draft, "vllm", spec_export, models_root, "--no-load")

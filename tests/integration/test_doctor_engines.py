@@ -13,6 +13,7 @@ import pytest
 
 from pipeline.drafts.checkpoint import read_draft
 from pipeline.drafts.load import findings_from, run_probe
+from pipeline.drafts.residual import rule_for, served_with
 from pipeline.drafts.serving import view
 from pipeline.points import PointError, family_of, from_native, numbering_for
 from tests.helpers.drafts import make_draft
@@ -73,7 +74,15 @@ def test_vllm_numbering_and_the_ids_it_reads_from_a_draft(tmp_path, models_root)
     drafts = {"eagle_config": make_draft(tmp_path / "a", llama, aux_ids=[0, 2, 4]),
               "speculators": make_draft(tmp_path / "b", llama, schema="speculators", aux_ids=[1, 3, 5]),
               "both": make_draft(tmp_path / "c", llama, aux_ids=[1, 3, 5], ids_at="top",
-                                 config_extra={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 2, 4]}})}
+                                 config_extra={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 2, 4]}}),
+              # the flags vLLM's draft classes read, as vLLM's own loader hands them over
+              "norm-flags": make_draft(tmp_path / "d", llama, config_extra={"norm_before_residual": True,
+                                                                           "norm_output": True}),
+              "speculators-top-norm-output": make_draft(tmp_path / "e", llama, schema="speculators",
+                                                        config_extra={"norm_output": True}),
+              "speculators-no-residual-key": make_draft(tmp_path / "f", llama, schema="speculators")}
+    _edit(drafts["speculators-top-norm-output"], lambda c: c["transformer_layer_config"].update(norm_output=False))
+    _edit(drafts["speculators-no-residual-key"], lambda c: c.pop("norm_before_residual"))
     got = _probe(VLLM_PYTHON, "vllm", tmp_path, drafts.values())
     for architecture, lists in got["classes"].items():
         for ids, values in zip(IDS, lists):
@@ -83,6 +92,19 @@ def test_vllm_numbering_and_the_ids_it_reads_from_a_draft(tmp_path, models_root)
         doctor = view(read_draft(path), "vllm", model_type="llama", architecture="LlamaForCausalLM", version=None)
         assert doctor.ids == got["drafts"][str(path)], name
     assert got["drafts"][str(drafts["both"])] == [1, 3, 5]  # the top level wins over eagle_config
+    for name, path in drafts.items():  # norm_before_residual / norm_output: what the doctor says vLLM applies
+        draft = read_draft(path)
+        served, _ = served_with(draft, rule_for("vllm", draft.format, "0.32.0")[0])
+        flags = got["flags"][str(path)]
+        assert flags["norm_before_residual"] == served and flags["norm_output"] == bool(draft.norm_output), name
+    assert got["flags"][str(drafts["speculators-no-residual-key"])]["norm_before_residual"] is True
+    assert got["flags"][str(drafts["speculators-top-norm-output"])]["norm_output"] is True
+
+
+def _edit(draft: Path, change) -> None:
+    config = json.loads((draft / "config.json").read_text())
+    change(config)
+    (draft / "config.json").write_text(json.dumps(config))
 
 
 @needs_sglang
@@ -145,3 +167,17 @@ def test_a_parameter_vllms_forward_never_reads_is_no_mismatch_but_one_it_reads_i
                          (no_first, "model.layers.0.hidden_norm.weight")):
         (found,) = findings_from(result, "vllm 0.32.0")
         assert found.status == "MISMATCH" and f"left 1 parameters uninitialised: {name}" in found.message, result
+
+
+@needs_sglang
+def test_sglangs_eagle3_drafts_never_read_norm_before_residual(tmp_path):
+    """The residual table's SGLang row, against the installed source: neither EAGLE-3 draft class reads the key (it
+    keeps the residual before hidden_norm), while both read norm_output."""
+    proc = subprocess.run([str(SGLANG_PYTHON), "-c", "import importlib.util as u; print(u.find_spec('sglang').origin)"],
+                          capture_output=True, text=True, timeout=120)
+    models = Path(proc.stdout.strip()).parent / "srt" / "models"
+    for name in ("llama_eagle3.py", "kimi_k25_eagle3.py"):
+        source = (models / name).read_text()
+        assert "norm_before_residual" not in source and "norm_output" in source, name
+    rule, known = rule_for("sglang", "specforge", "0.5.23")
+    assert known and not rule.honours

@@ -98,6 +98,8 @@ DRAFT_FIELDS = {  # config edit -> the message after "<draft>/config.json: "
                 "eagle_config.use_aux_hidden_state must be true or false, got 'no'"),
     "num_aux": (lambda c: c.update(num_aux_hidden_states="3"), "num_aux_hidden_states must be an integer, got '3'"),
     "norm_output": (lambda c: c.update(norm_output="yes"), "norm_output must be true or false, got 'yes'"),
+    "norm_before_residual": (lambda c: c.update(norm_before_residual=1),
+                             "norm_before_residual must be true or false, got 1"),
 }
 
 

@@ -256,6 +256,62 @@ def test_specforge_norm_output_means_another_thing_to_the_servers(tmp_path, llam
     assert status(found, "draft-norm") == ({"OK"} if ok else {"MISMATCH"}) and needle in text(found, "draft-norm")
 
 
+@pytest.mark.parametrize("value,nested,shown,where", [
+    (True, False, "norm_output true", "transformer_layer_config.norm_output false is read by neither"),
+    (None, True, "norm_output absent (false)", "transformer_layer_config.norm_output true is read by neither"),
+    (False, None, "norm_output false", "top level, where speculators and vLLM read it")])
+def test_speculators_norm_output_is_read_at_the_top_level(tmp_path, llama, models_root, value, nested, shown, where):
+    draft = make_draft(tmp_path / "d", llama, schema="speculators", config_extra={} if value is None else
+                       {"norm_output": value})
+    if nested is not None:  # the nested layer config's key, which speculators and vLLM's converter never read
+        config = json.loads((draft / "config.json").read_text())
+        config["transformer_layer_config"]["norm_output"] = nested
+        (draft / "config.json").write_text(json.dumps(config))
+    found = findings(draft, serve="vllm", target=models_root / "tiny-llama")
+    assert status(found, "draft-norm") == {"OK"}
+    assert shown in text(found, "draft-norm") and where in text(found, "draft-norm")
+
+
+def test_specforge_norm_output_is_read_at_the_top_level(tmp_path, llama, models_root):
+    draft = make_draft(tmp_path / "d", llama, config_extra={"norm_output": True})
+    found = findings(draft, serve="vllm", target=models_root / "tiny-llama")
+    assert status(found, "draft-norm") == {"MISMATCH"} and "config.json sets norm_output true" in \
+        text(found, "draft-norm")
+
+
+# --- norm_before_residual: SGLang ignores it, vLLM honours it ------------------------------------------------------
+
+@pytest.mark.parametrize("schema,value,serve,ok,needle", [
+    # speculators trains with the top-level key (its CLI default true): SGLang ignores it, even converted to its layout
+    ("speculators", True, "sglang", False, "sglang 0.5.23 ignores norm_before_residual"),
+    ("specforge", True, "sglang", False, "serve it with vLLM (0.32 honours the key) or retrain"),
+    ("speculators", True, "vllm", True, "honours config.json norm_before_residual"),
+    ("specforge", True, "vllm", True, "norm before residual (true), what the drafter was trained with"),
+    ("speculators", False, "sglang", True, "norm after residual (false), what the drafter was trained with"),
+    ("specforge", None, "sglang", True, "SpecForge 0.2.0 never applies it"),
+    ("specforge", None, "vllm", True, "reads no norm_before_residual, so applies false"),
+    # an absent key: speculators' config class means false, vLLM's converter applies true
+    ("speculators", None, "vllm", False, "set norm_before_residual to false in config.json")])
+def test_norm_before_residual_against_what_the_server_applies(tmp_path, llama, models_root, schema, value, serve, ok,
+                                                              needle):
+    draft = make_draft(tmp_path / "d", llama, schema=schema, config_extra={} if value is None else
+                       {"norm_before_residual": value})
+    if value is None and schema == "speculators":  # make_draft writes true, as speculators' CLI does
+        config = json.loads((draft / "config.json").read_text())
+        del config["norm_before_residual"]
+        (draft / "config.json").write_text(json.dumps(config))
+    found = findings(draft, serve=serve, target=models_root / "tiny-llama")
+    assert status(found, "norm-before-residual") == ({"OK"} if ok else {"MISMATCH"})
+    assert needle in text(found, "norm-before-residual"), text(found, "norm-before-residual")
+
+
+def test_norm_before_residual_on_an_unread_version_says_so(tmp_path, llama, models_root):
+    draft = make_draft(tmp_path / "d", llama, config_extra={"norm_before_residual": True})
+    found = findings(draft, serve="sglang", serve_version="0.6.0", target=models_root / "tiny-llama")
+    assert status(found, "norm-before-residual") == {"WARN", "MISMATCH"}
+    assert "was not read from this version's source; using 0.5.23's" in text(found, "norm-before-residual")
+
+
 # --- flags ----------------------------------------------------------------------------------------------------------
 
 def test_sglang_flags_that_override_each_other(tmp_path, llama, models_root):

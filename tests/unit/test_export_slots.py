@@ -61,6 +61,16 @@ def test_serving_ids_per_engine():
     ids = serving_ids(kimi, model_type="deepseek_v3", num_layers=8)
     assert ids["sglang"]["aux_layer_ids"] is None and "+1" in ids["sglang"]["aux_error"]
     assert ids["sglang"]["last"] is None and ids["vllm"]["last"] == 8
+    assert "cannot select these" in ids["sglang"]["note"]
+
+
+def test_the_sglang_note_says_what_it_feeds_and_what_it_cannot_capture():
+    # bN is the speculators trainer's target, not a served input: SGLang cannot capture it, but serves the aux states
+    plan = plan_slots(SPECULATORS, run_points=["b1", "b3", "b5", "b6"], num_layers=6)
+    note = serving_ids(plan, model_type="llama", num_layers=6)["sglang"]["note"]
+    assert "SGLang feeds a draft only its aux states (aux_layer_ids [0, 2, 4])" in note, note
+    assert "cannot capture bN" in note and "the trainer's target, never fed to a draft" in note
+    assert "with vLLM" not in note, note
 
 
 def test_serving_ids_of_a_model_without_a_known_numbering_say_why():

@@ -90,14 +90,16 @@ def vllm(request: dict) -> dict:
         build=lambda cls: _bare(cls, n, inner[cls]), text_class=DeepseekV2ForCausalLM,
         set_ids=lambda obj, ids: obj.set_aux_hidden_state_layers(tuple(ids)),
         read=lambda model: model.aux_hidden_state_layers)
-    drafts = {}
+    drafts, flags = {}, {}
     for draft in request.get("drafts", []):
         config = get_config(draft, trust_remote_code=False)
         runner = SimpleNamespace(speculative_config=SimpleNamespace(
             draft_model_config=SimpleNamespace(hf_config=config)))
         ids = GPUModelRunner._get_eagle3_aux_layers_from_config(runner)
         drafts[draft] = None if ids is None else list(ids)
-    return {"classes": out, "drafts": drafts}
+        # what its draft classes read (llama_eagle3.py: getattr(config, ..., False))
+        flags[draft] = {k: getattr(config, k, False) for k in ("norm_before_residual", "norm_output")}
+    return {"classes": out, "drafts": drafts, "flags": flags}
 
 
 if __name__ == "__main__":
