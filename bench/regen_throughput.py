@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from statistics import median
 
+import common  # noqa: F401 - puts the repository root on sys.path (bench.*, pipeline.*)
+
 from pipeline.factory.tiny import RECIPES
 
 ENGINES = {"vllm": "vllm-timed", "sglang": "sglang-timed"}
