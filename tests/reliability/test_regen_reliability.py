@@ -93,15 +93,6 @@ def test_a_second_regeneration_on_the_same_directory_is_refused(tmp_path):
     assert (out / "manifest.json").is_file()
 
 
-def test_a_resume_with_other_settings_is_refused_naming_them(tmp_path):
-    out = tmp_path / "regen"
-    assert regenerate(out, fault="kill@rename:part-00000.done.json").returncode == -9
-    other = regenerate(out, "sampling.max_tokens=5")
-    assert other.returncode == 2
-    assert "unfinished regeneration with a different config (sampling.max_tokens: 4 then, 5 now)" in said(other)
-    assert regenerate(out).returncode == 0  # the same command still finishes it
-
-
 def test_a_finished_regeneration_is_replaced_only_with_overwrite(clean, tmp_path):
     import shutil
 
@@ -159,12 +150,16 @@ def test_ray_replicas_regenerate_the_local_records(clean, tmp_path):
 
 def test_seeded_sampling_resumes_to_the_same_records_and_n_samples_differ(tmp_path):
     """HF samples one request at a time from a generator seeded per turn: a killed seeded regeneration resumes to
-    the uninterrupted one's bytes, and the n samples of one prompt are n different answers."""
+    the uninterrupted one's bytes (a resume with other settings is refused, naming them), and the n samples of one
+    prompt are n different answers."""
     seeded = ("sampling.temperature=1.0", "sampling.top_p=0.9", "sampling.n=2", "sampling.seed=7")
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     assert regenerate(whole, *seeded).returncode == 0
     assert regenerate(cut, *seeded, fault="kill@rename:part-00000.done.json").returncode == -9
-    assert regenerate(cut, *seeded).returncode == 0
+    other = regenerate(cut, *seeded, "sampling.max_tokens=5")  # a resume with other settings: refused, named
+    assert other.returncode == 2
+    assert "unfinished regeneration with a different config (sampling.max_tokens: 4 then, 5 now)" in said(other)
+    assert regenerate(cut, *seeded).returncode == 0  # the same command finishes it
     assert parts_of(cut) == parts_of(whole)
     import pyarrow.parquet as pq
 
