@@ -117,11 +117,11 @@ def measure(drafts: Sequence[Path], *, target: Path | None, run: Path | None, pr
     doctors = [_doctor(d, model_dir, run) for d in drafts]  # every draft read before any engine starts
     ids, rejected = _prompts(prompts, model_dir)
     max_len = max(map(len, ids)) + settings.max_tokens + settings.num_speculative_tokens + 1
+    served = [_serve(model_dir, d, ids, settings, max_len) for d in drafts]  # a draft vLLM refuses: refused early
     plain = _serve(model_dir, None, ids, settings, max_len)
     plain_rows = plain["results"]
     names = [d.name if [x.name for x in drafts].count(d.name) == 1 else str(d) for d in drafts]
-    per_draft = [_per_draft(n, _serve(model_dir, d, ids, settings, max_len), plain_rows, doc)
-                 for n, d, doc in zip(names, drafts, doctors)]
+    per_draft = [_per_draft(n, s, plain_rows, doc) for n, s, doc in zip(names, served, doctors)]
     report = {
         "settings": asdict(settings), "num_prompts": len(ids), "rejected_records": rejected,
         "plain": {"tokens_per_s": fg.rate(sum(len(r["output_ids"]) for r in plain_rows),
