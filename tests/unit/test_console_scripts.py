@@ -13,7 +13,7 @@ import pytest
 from tests.helpers import REPO
 from tests.helpers.shards import make_run
 
-ENTRY_POINTS = ("extract", "diff", "verify", "export", "doctor", "regenerate")
+ENTRY_POINTS = ("extract", "diff", "verify", "export", "doctor", "regenerate", "accept")
 SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 BIN = Path(sys.executable).parent
 

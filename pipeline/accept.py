@@ -1,0 +1,70 @@
+"""`python -m pipeline.accept --draft DIR [--draft DIR2 ...] --serve vllm (--target MODEL_DIR | --run RUN_DIR)
+--prompts FILE --out OUT_DIR [--num-speculative-tokens K] [--max-tokens N] [--temperature T] [--dtype D]`
+
+How much of each EAGLE-3 draft the target accepts when vLLM serves them together: acceptance length, per-position and
+draft-token acceptance, from vLLM's own spec-decode counters, per prompt and overall; tokens/s with and without
+speculation, and whether speculative output equals plain greedy output. The doctor's verdict on each draft stands
+beside its figures. Prompts (chat JSONL records) are rendered through the target's chat template with the generation
+prompt (raw text would inflate acceptance). Writes OUT_DIR/report.json (raw counters per prompt), report.md.
+
+Exit status (README.md, "Exit codes"): 0 measured; 2 usage errors (a missing file, a draft vLLM refuses, --serve
+sglang); 1 the engine failed at run time.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from pipeline.core.cli import ExitCode, UsageError, interrupts_from_here, run_command
+
+interrupts_from_here(__name__, "accept")  # before the imports below (seconds): Ctrl-C there is one line too
+
+from pipeline.acceptance.measure import SGLANG_REFUSAL, Settings, measure  # noqa: E402
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.accept", description=__doc__.splitlines()[3])
+    parser.add_argument("--draft", required=True, action="append", type=Path, help="a draft checkpoint (repeatable)")
+    parser.add_argument("--serve", required=True, choices=("vllm", "sglang"), help="the serving framework")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--target", type=Path, help="the target model directory")
+    source.add_argument("--run", type=Path, help="the run whose shards trained the drafter (its model directory)")
+    parser.add_argument("--prompts", required=True, type=Path, help="JSONL chat records")
+    parser.add_argument("--out", required=True, type=Path, help="the report directory")
+    parser.add_argument("--num-speculative-tokens", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    return parser
+
+
+def accept(argv: Sequence[str] | None) -> ExitCode:
+    args = _parser().parse_args(argv)
+    if args.serve == "sglang":
+        raise UsageError(SGLANG_REFUSAL)
+    if args.num_speculative_tokens < 1 or args.max_tokens < 1 or args.temperature < 0:
+        raise UsageError("--num-speculative-tokens and --max-tokens must be >= 1, --temperature >= 0")
+    settings = Settings(num_speculative_tokens=args.num_speculative_tokens, max_tokens=args.max_tokens,
+                        temperature=args.temperature, dtype=args.dtype)
+    report = measure(args.draft, target=args.target, run=args.run, prompts=args.prompts, out=args.out,
+                     settings=settings)
+    for d in report["drafts"]:
+        o = d["overall"]
+        length = "-" if o["acceptance_length"] is None else f"{o['acceptance_length']:.3f}"
+        per_pos = " / ".join(f"{v:.3f}" for v in o["per_position"] or [])
+        print(f"{d['name']}: acceptance length {length}, per position {per_pos or '-'}, {d['tokens_per_s']:.1f} "
+              f"tok/s (plain {report['plain']['tokens_per_s']:.1f}), {d['differing']} of {report['num_prompts']} "
+              f"outputs differ from plain greedy; doctor: {d['doctor']['verdict']}")
+    print(f"report: {args.out.resolve() / 'report.md'}")
+    return ExitCode.OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m pipeline.accept` and the console script `pipeline-accept`."""
+    return run_command(lambda: accept(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
