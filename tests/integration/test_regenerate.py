@@ -142,12 +142,14 @@ def test_extract_captures_exactly_the_generated_ids(regen_hf, tmp_path):
 VLLM_PLAIN = """
 import json, os, sys
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the EngineCore in this process, as the adapter runs it
+os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB: the adapter sizes it from the run, never vLLM's default share
 from vllm import LLM, SamplingParams
 
 if __name__ == "__main__":
     job = json.load(open(sys.argv[1]))
     llm = LLM(model=job["model"], dtype="float32", enforce_eager=True, max_model_len=2048,
-              enable_prefix_caching=False)
+              enable_prefix_caching=False, gpu_memory_utilization=0.1)  # the adapter's default: 0.92 of host memory
+                                                                        # fails whenever other jobs hold some
     params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], stop_token_ids=[2], detokenize=False)
     outs = llm.generate([{"prompt_token_ids": p} for p in job["prompts"]], params, use_tqdm=False)
     json.dump([list(o.outputs[0].token_ids) for o in outs], open(sys.argv[2], "w"))
