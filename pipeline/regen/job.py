@@ -7,7 +7,8 @@ only with overwrite=true. A finished regeneration is days of a cluster's time: n
 """
 from __future__ import annotations
 
-import copy
+import dataclasses
+import json
 import logging
 import time
 from collections import Counter
@@ -16,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 from omegaconf import DictConfig
 
 from pipeline import provenance
@@ -132,10 +134,6 @@ def _start_record(config: dict[str, Any], prompts: Prompts, digests: dict[str, A
 
 def _applied_summary(results: list[RegenResult], root: Path) -> list[dict[str, Any]]:
     """The distinct sampling values the engine applied (per request: seed and token budget aside), with counts."""
-    import json
-
-    import pyarrow.parquet as pq
-
     seen: Counter[str] = Counter()
     for result in results:
         for rel in result.files:
@@ -243,8 +241,6 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
 
 
 def _engine_record(executor: Executor) -> dict[str, Any]:
-    import dataclasses
-
-    info = dataclasses.asdict(executor.info())
+    info = dataclasses.asdict(executor.info())  # a copy already
     info.pop("points", None)
-    return copy.deepcopy(info)
+    return info
