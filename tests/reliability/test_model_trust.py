@@ -105,7 +105,7 @@ def test_a_users_checkpoint_starts_from_trust_off_and_its_declared_code_never_ru
                 "not_run_sha256": {name: sha256_file(checkpoint / name) for name in MODULES}}
     assert in_manifest == expected and in_run_json == expected
     assert config["model"] == {"name": "local", "path": str(checkpoint), "build": None, "trust_remote_code": False,
-                               "points": ["embed", 2, "final_norm"]}
+                               "points": ["embed", 2, "final_norm"], "sampling": {}}
     checked = verify(tmp_path / "run")  # the shards' compact provenance carries the files not run, and agrees
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
