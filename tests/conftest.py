@@ -9,9 +9,34 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from pipeline.config import register_configs
+from tests.helpers.sweep import EVERY_CASE
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--every-case", action="store_true",
+                     help="run every case of each sweep (tests/helpers/sweep.py), not only the representative ones")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--every-case"):
+        return
+    left = [item for item in items if item.get_closest_marker(EVERY_CASE)]
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = [item for item in items if not item.get_closest_marker(EVERY_CASE)]
+        config.stash[_LEFT] = len(left)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    left = config.stash.get(_LEFT, 0)
+    if left:
+        terminalreporter.write_line(f"{left} further cases of sweeps not run: pytest --every-case runs them")
+
+
+_LEFT = pytest.StashKey[int]()
 
 
 @pytest.fixture(scope="session")
