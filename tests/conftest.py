@@ -20,6 +20,35 @@ def pytest_addoption(parser):
                      help="run every case of each sweep (tests/helpers/sweep.py), not only the representative ones")
 
 
+# The suite runs as two streams, one per core (pytest-xdist, `-n 2 --dist loadscope` in pyproject.toml): one stream runs,
+# one after another, every module that starts vLLM, SGLang or a Ray cluster (their ports, core bindings, memory
+# reservations and process scans must never meet another's); the other takes the rest a module at a time (a module's
+# fixtures are built once, on one worker; the exports share one session's runs).
+ENGINE_MODULES = {f"tests/integration/{name}.py" for name in (
+    "test_accept", "test_diff_serving_engines", "test_doctor_engines", "test_k25_engines", "test_k25_layout",
+    "test_k25_recipe", "test_ray", "test_real_model", "test_real_model_int4", "test_regenerate",
+    "test_remote_engine", "test_sglang_engine", "test_sglang_generate", "test_vllm_engine")} | {
+    f"tests/reliability/{name}.py" for name in ("test_ray_job_security", "test_regen_reliability", "test_same_threads")}
+
+
+def _stream(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    if module in ENGINE_MODULES:
+        return "engines"
+    return "exports" if module.startswith("tests/exports/") else module
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's loadscope with our scopes (its loadgroup markers do not reach pytest 9.2's node ids)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Streams(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _stream(nodeid)
+
+    return Streams(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--every-case"):
         return
@@ -75,3 +104,4 @@ def kimi_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("kimi_tok")
     write_kimi_tokenizer(out)
     return out
+
