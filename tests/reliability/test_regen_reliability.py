@@ -119,8 +119,12 @@ def test_bad_settings_are_one_line_before_any_model_loads(tmp_path, override, me
 def test_data_path_a_regeneration_and_out_dir_inside_a_run_are_refused(clean, tmp_path):
     again = regenerate(tmp_path / "regen", f"data.path={clean[0]}")
     assert again.returncode == 2 and "is a regeneration directory" in said(again)
-    inside = regenerate(clean[0] / "sub")
+    import shutil
+
+    finished = shutil.copytree(clean[0], tmp_path / "finished")  # the refused run's Hydra logs go inside it
+    inside = regenerate(finished / "sub")
     assert inside.returncode == 2 and "inside the regeneration directory" in said(inside)
+    assert not (finished / "sub").exists()
 
 
 def test_extract_rejects_prompt_ids_the_template_no_longer_renders(clean, models_root):
