@@ -56,16 +56,6 @@ def pytest_collection_modifyitems(config, items):
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = [item for item in items if not item.get_closest_marker(EVERY_CASE)]
-        config.stash[_LEFT] = len(left)
-
-
-def pytest_terminal_summary(terminalreporter, config):
-    left = config.stash.get(_LEFT, 0)
-    if left:
-        terminalreporter.write_line(f"{left} further cases of sweeps not run: pytest --every-case runs them")
-
-
-_LEFT = pytest.StashKey[int]()
 
 
 @pytest.fixture(scope="session")
@@ -104,4 +94,3 @@ def kimi_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("kimi_tok")
     write_kimi_tokenizer(out)
     return out
-

@@ -4,7 +4,6 @@ the flags its sidecar prints (so the trainer writes nothing into the export); th
 what vLLM would be given, and the doctor finds it wired as the export says."""
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 import subprocess
@@ -14,6 +13,7 @@ import pytest
 from safetensors import safe_open
 
 from tests.exports.conftest import DRIVERS, TRAINER_VENVS, cli
+from tests.helpers.runs import snapshot
 
 pytestmark = pytest.mark.integration
 N = 64
@@ -25,11 +25,6 @@ def _npy(path) -> np.ndarray:
         return np.lib.format.read_array(f, allow_pickle=False)  # an array of objects is refused, never unpickled
 
 
-def _listing(root) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 @pytest.fixture(scope="module")
 def cli_trained(llama_run, models_root, tmp_path_factory):
     root = tmp_path_factory.mktemp("speculators-cli")
@@ -38,7 +33,7 @@ def cli_trained(llama_run, models_root, tmp_path_factory):
                "--draft-vocab", str(N))
     assert proc.returncode == 0, proc.stderr
     sidecar = json.loads((export / "export.json").read_text())
-    before = _listing(export)
+    before = snapshot(export)
     args = [str(TRAINER_VENVS["speculators"] / "bin" / "python"), str(DRIVERS / "speculators_cpu.py"),
             "--verifier-name-or-path", str(models_root / "tiny-llama"), "--data-path", str(export),
             "--save-path", str(root / "ckpt"), "--num-layers", "1",
@@ -54,14 +49,14 @@ def cli_trained(llama_run, models_root, tmp_path_factory):
 
 def test_the_cli_trains_from_the_exports_vocabulary_and_writes_nothing_into_it(cli_trained):
     export, sidecar, before, ckpt = cli_trained
-    assert _listing(export) == before
+    assert snapshot(export) == before
     last = ckpt / str(EPOCHS - 1)
     config = json.loads((last / "config.json").read_text())
     assert config["architectures"] == ["Eagle3DraftModel"] and config["draft_vocab_size"] == N
     assert config["eagle_aux_hidden_state_layer_ids"] == sidecar["serving"]["vllm"]["aux_layer_ids"]
     with safe_open(str(last / "model.safetensors"), framework="np") as f:
-        assert np.array_equal(f.get_tensor("d2t"), _npy(export / f"d2t-{N}.npy"))
-        assert np.array_equal(f.get_tensor("t2d"), _npy(export / f"t2d-{N}.npy"))
+        for role in ("d2t", "t2d"):  # the files the export lists
+            assert np.array_equal(f.get_tensor(role), _npy(export / sidecar["draft_vocab"]["files"][role]["path"]))
         assert f.get_slice("fc.weight").get_shape() == [256, 3 * 256]  # three aux states, H = 256
     state = json.loads((last / "training_state.json").read_text())
     assert state["epoch"] == EPOCHS - 1 and state["global_step"] > EPOCHS

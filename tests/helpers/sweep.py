@@ -3,7 +3,7 @@ misspelled option) runs a representative few by default and every case with `pyt
 
 Each case of a sweep costs whole runs of an entry point (seconds each on 2 cores); the cases the default run keeps
 cover each kind of case the mechanism distinguishes, so a regression in the mechanism shows in the default run and
-the full sweep is for changes to the mechanism itself. The default run's summary says how many cases it left out.
+the full sweep is for changes to the mechanism itself. The default run counts the cases it left out as deselected.
 """
 from __future__ import annotations
 

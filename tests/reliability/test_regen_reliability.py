@@ -5,6 +5,7 @@ no longer renders."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,8 +95,6 @@ def test_a_second_regeneration_on_the_same_directory_is_refused(tmp_path):
 
 
 def test_a_finished_regeneration_is_replaced_only_with_overwrite(clean, tmp_path):
-    import shutil
-
     out = tmp_path / "regen"
     shutil.copytree(clean[0], out)
     again = regenerate(out)
@@ -119,8 +118,6 @@ def test_bad_settings_are_one_line_before_any_model_loads(tmp_path, override, me
 def test_data_path_a_regeneration_and_out_dir_inside_a_run_are_refused(clean, tmp_path):
     again = regenerate(tmp_path / "regen", f"data.path={clean[0]}")
     assert again.returncode == 2 and "is a regeneration directory" in said(again)
-    import shutil
-
     finished = shutil.copytree(clean[0], tmp_path / "finished")  # the refused run's Hydra logs go inside it
     inside = regenerate(finished / "sub")
     assert inside.returncode == 2 and "inside the regeneration directory" in said(inside)
@@ -177,8 +174,6 @@ def test_seeded_sampling_resumes_to_the_same_records_and_n_samples_differ(tmp_pa
 
 
 def test_verify_names_a_changed_part_and_a_foreign_file(clean, tmp_path):
-    import shutil
-
     out = tmp_path / "regen"
     shutil.copytree(clean[0], out)
 
