@@ -41,7 +41,7 @@ else
 fi
 # The worker imports `pipeline` (engines.worker/wire/base, points, data.sample, the adapter) from this checkout;
 # --no-deps keeps the pipeline's own torch pin (the CPU 2.13 build) out of this environment.
-"${PIP[@]}" --no-deps --no-warn-conflicts -e .
+flock "${PIPELINE_SETUP_LOCK:-.}" "${PIP[@]}" --no-deps --no-warn-conflicts -e .
 "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
 import torch

