@@ -1,11 +1,14 @@
-"""`python -m pipeline.accept --draft DIR [--draft DIR2 ...] --serve vllm (--target MODEL_DIR | --run RUN_DIR)
---prompts FILE --out OUT_DIR [--num-speculative-tokens K] [--max-tokens N] [--temperature T] [--dtype D]`
+"""`python -m pipeline.accept --draft DIR [--draft DIR2 ...] --serve vllm (--target MODEL_DIR | --run RUN_DIR |
+--export EXPORT_DIR) --prompts FILE --out OUT_DIR [--num-speculative-tokens K] [--max-tokens N] [--temperature T]
+[--dtype D] [--overwrite]`
 
 How much of each EAGLE-3 draft the target accepts when vLLM serves them together: acceptance length, per-position and
 draft-token acceptance, from vLLM's own spec-decode counters, per prompt and overall; tokens/s with and without
 speculation, and whether speculative output equals plain greedy output. The doctor's verdict on each draft stands
 beside its figures. Prompts (chat JSONL records) are rendered through the target's chat template with the generation
-prompt (raw text would inflate acceptance). Writes OUT_DIR/report.json (raw counters per prompt), report.md.
+prompt (raw text would inflate acceptance). With --run or --export the doctor also checks each draft against the
+features it was trained on. Writes OUT_DIR/report.json (raw counters per prompt), report.md and report.html (the
+per-position chart, the drafts side by side); a finished report is replaced only with --overwrite.
 
 Exit status (README.md, "Exit codes"): 0 measured; 2 usage errors (a missing file, a draft vLLM refuses, --serve
 sglang); 1 the engine failed at run time.
@@ -25,18 +28,21 @@ from pipeline.acceptance.measure import SGLANG_REFUSAL, Settings, measure  # noq
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.accept", description=__doc__.splitlines()[3])
+    about = " ".join(__doc__.split("\n\n")[1].split())  # the paragraph after the usage lines
+    parser = argparse.ArgumentParser(prog="python -m pipeline.accept", description=about)
     parser.add_argument("--draft", required=True, action="append", type=Path, help="a draft checkpoint (repeatable)")
     parser.add_argument("--serve", required=True, choices=("vllm", "sglang"), help="the serving framework")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--target", type=Path, help="the target model directory")
     source.add_argument("--run", type=Path, help="the run whose shards trained the drafter (its model directory)")
+    source.add_argument("--export", type=Path, help="the export the drafter was trained on (its run's model directory)")
     parser.add_argument("--prompts", required=True, type=Path, help="JSONL chat records")
     parser.add_argument("--out", required=True, type=Path, help="the report directory")
     parser.add_argument("--num-speculative-tokens", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--overwrite", action="store_true", help="replace a finished report in --out")
     return parser
 
 
@@ -48,8 +54,8 @@ def accept(argv: Sequence[str] | None) -> ExitCode:
         raise UsageError("--num-speculative-tokens and --max-tokens must be >= 1, --temperature >= 0")
     settings = Settings(num_speculative_tokens=args.num_speculative_tokens, max_tokens=args.max_tokens,
                         temperature=args.temperature, dtype=args.dtype)
-    report = measure(args.draft, target=args.target, run=args.run, prompts=args.prompts, out=args.out,
-                     settings=settings)
+    report = measure(args.draft, target=args.target, run=args.run, export=args.export, prompts=args.prompts,
+                     out=args.out, settings=settings, overwrite=args.overwrite)
     for d in report["drafts"]:
         o = d["overall"]
         length = "-" if o["acceptance_length"] is None else f"{o['acceptance_length']:.3f}"
@@ -57,7 +63,7 @@ def accept(argv: Sequence[str] | None) -> ExitCode:
         print(f"{d['name']}: acceptance length {length}, per position {per_pos or '-'}, {d['tokens_per_s']:.1f} "
               f"tok/s (plain {report['plain']['tokens_per_s']:.1f}), {d['differing']} of {report['num_prompts']} "
               f"outputs differ from plain greedy; doctor: {d['doctor']['verdict']}")
-    print(f"report: {args.out.resolve() / 'report.md'}")
+    print(f"report: {args.out.resolve() / 'report.html'} (and report.md, report.json)")
     return ExitCode.OK
 
 

@@ -1,5 +1,6 @@
-"""One acceptance measurement: check the inputs -> doctor each draft -> render the prompts -> one plain vLLM start and
-one speculative start per draft (the adapter `pipeline.engines.vllm.speculate`, in .venv-vllm) -> report files."""
+"""One acceptance measurement: check the inputs -> doctor each draft -> render the prompts (`prepare`, nothing
+started) -> take the report directory -> one speculative vLLM start per draft and one plain start (the adapter
+`pipeline.engines.vllm.speculate`, in .venv-vllm) -> the report's files (pipeline.acceptance.outdir)."""
 from __future__ import annotations
 
 import json
@@ -8,10 +9,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pipeline.acceptance import figures as fg
-from pipeline.acceptance.render import markdown
+from pipeline.acceptance import outdir
+from pipeline.acceptance.render import html, markdown
 from pipeline.core.cli import UsageError
 from pipeline.core.contracts import EngineSpec
-from pipeline.core.io import sha256_file, write_text_atomic
+from pipeline.core.io import sha256_file
 from pipeline.data.mask import encode_chat
 from pipeline.data.remote_code import load_tokenizer
 from pipeline.drafts.examine import Request, examine
@@ -21,12 +23,12 @@ from pipeline.engines.process.remote import EngineWorkerError, RemoteEngine
 from pipeline.engines.registry import REPO_ROOT
 from pipeline.models.info import text_config
 from pipeline.regen.prompts import read_prompts
-from pipeline.shards.layout import run_conflict
 
 ADAPTER = "pipeline.engines.vllm.speculate:SpeculativeVLLM"
 SGLANG_REFUSAL = ("--serve sglang: SGLang 0.5.23's EAGLE-3 path calls real sgl-kernel CPU ops "
                   "(copy_all_layer_kv_cache_cpu, fill_accept_out_cache_loc_cpu, ...) that no PyPI build provides, so "
-                  "it cannot start on these CPUs; serve with --serve vllm")
+                  "it cannot start on these CPUs; serve with --serve vllm (docs/engines.md says how SGLang's own "
+                  "counters are read where it runs)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,10 +40,12 @@ class Settings:
     seed: int = 0
 
 
-def _target_dir(target: Path | None, run: Path | None) -> Path:
-    found = gather(run=run, export=None, model_dir=target).model_dir  # TargetError: a usage error
+def _target_dir(target: Path | None, run: Path | None, export: Path | None) -> Path:
+    found = gather(run=run, export=export, model_dir=target).model_dir  # TargetError: a usage error
     if found is None or not (Path(found) / "config.json").is_file():
-        raise UsageError(f"--run {run}: its model directory is not here; pass --target MODEL_DIR")
+        given = next(f"--{flag} {path}" for flag, path in (("run", run), ("export", export), ("target", target))
+                     if path is not None)
+        raise UsageError(f"{given}: the target's model directory is not here; pass --target MODEL_DIR")
     return Path(found)
 
 
@@ -62,8 +66,8 @@ def _prompts(path: Path, model_dir: Path) -> tuple[list[list[int]], int]:
     return ids, len(got.rejects)
 
 
-def _doctor(draft: Path, model_dir: Path, run: Path | None) -> dict[str, Any]:
-    findings, _ = examine(Request(draft=draft, serve="vllm", run=run, target=model_dir))  # DraftError: usage
+def _doctor(draft: Path, model_dir: Path, run: Path | None, export: Path | None) -> dict[str, Any]:
+    findings, _ = examine(Request(draft=draft, serve="vllm", run=run, export=export, target=model_dir))  # usage errors
     return {"verdict": "MISMATCH" if failed(findings) else "OK",
             "findings": [f"{f.status} {f.check} {f.message}" for f in findings]}
 
@@ -105,37 +109,57 @@ def _per_draft(name: str, served: dict, plain: list[dict], doctor: dict) -> dict
             "speculative_config": served["info"]["extra"]["speculative_config"]}
 
 
-def _check_out(out: Path) -> None:
-    if (why := run_conflict(out, itself=True)) is not None:
-        raise UsageError(f"--out {out}: {why}")
+@dataclass(frozen=True)
+class Plan:
+    """What a measurement needs, all read and checked before any engine starts."""
+
+    model_dir: Path
+    doctors: list[dict[str, Any]]
+    prompt_ids: list[list[int]]
+    rejected: int
 
 
-def measure(drafts: Sequence[Path], *, target: Path | None, run: Path | None, prompts: Path, out: Path,
-            settings: Settings) -> dict[str, Any]:
-    _check_out(out)
-    model_dir = _target_dir(target, run)
-    doctors = [_doctor(d, model_dir, run) for d in drafts]  # every draft read before any engine starts
+def prepare(drafts: Sequence[Path], *, target: Path | None, run: Path | None, export: Path | None, prompts: Path,
+            out: Path, overwrite: bool) -> Plan:
+    outdir.check(out, overwrite=overwrite)
+    model_dir = _target_dir(target, run, export)
+    doctors = [_doctor(d, model_dir, run, export) for d in drafts]  # every draft read before any engine starts
     ids, rejected = _prompts(prompts, model_dir)
+    return Plan(model_dir=model_dir, doctors=doctors, prompt_ids=ids, rejected=rejected)
+
+
+def measure(drafts: Sequence[Path], *, target: Path | None, run: Path | None, export: Path | None = None,
+            prompts: Path, out: Path, settings: Settings, overwrite: bool = False) -> dict[str, Any]:
+    plan = prepare(drafts, target=target, run=run, export=export, prompts=prompts, out=out, overwrite=overwrite)
+    model_dir, ids = plan.model_dir, plan.prompt_ids
     max_len = max(map(len, ids)) + settings.max_tokens + settings.num_speculative_tokens + 1
-    served = [_serve(model_dir, d, ids, settings, max_len) for d in drafts]  # a draft vLLM refuses: refused early
-    plain = _serve(model_dir, None, ids, settings, max_len)
+    with outdir.taken(out, overwrite=overwrite):
+        served = [_serve(model_dir, d, ids, settings, max_len) for d in drafts]  # a draft vLLM refuses: refused early
+        plain = _serve(model_dir, None, ids, settings, max_len)
+        report = _report(drafts, served, plain, plan, settings, prompts=prompts, run=run, export=export)
+        outdir.write(out, report_json=json.dumps(report, indent=1) + "\n", report_md=markdown(report),
+                     report_html=html(report))
+    return report
+
+
+def _report(drafts: Sequence[Path], served: list[dict], plain: dict, plan: Plan, settings: Settings, *,
+            prompts: Path, run: Path | None, export: Path | None) -> dict[str, Any]:
     plain_rows = plain["results"]
     names = [d.name if [x.name for x in drafts].count(d.name) == 1 else str(d) for d in drafts]
-    per_draft = [_per_draft(n, s, plain_rows, doc) for n, s, doc in zip(names, served, doctors)]
-    report = {
-        "settings": asdict(settings), "num_prompts": len(ids), "rejected_records": rejected,
+    per_draft = [_per_draft(n, s, plain_rows, doc) for n, s, doc in zip(names, served, plan.doctors)]
+    return {
+        "settings": asdict(settings), "num_prompts": len(plan.prompt_ids), "rejected_records": plan.rejected,
         "plain": {"tokens_per_s": fg.rate(sum(len(r["output_ids"]) for r in plain_rows),
                                           sum(r["seconds"] for r in plain_rows)),
                   "prompts": [{"output_ids": r["output_ids"], "seconds": r["seconds"]} for r in plain_rows]},
         "drafts": per_draft,
         "provenance": {"vllm_version": plain["info"]["framework_version"],
-                       "target": {"path": str(model_dir), "config_sha256": sha256_file(model_dir / "config.json")},
+                       "target": {"path": str(plan.model_dir),
+                                  "config_sha256": sha256_file(plan.model_dir / "config.json"),
+                                  "run": None if run is None else str(run),
+                                  "export": None if export is None else str(export)},
                        "prompts": {"path": str(prompts), "sha256": sha256_file(prompts),
-                                   "prompt_ids": ids},
+                                   "prompt_ids": plan.prompt_ids},
                        "drafts": [{"path": str(d), "files": {f.name: sha256_file(f) for f in sorted(d.iterdir())
                                                              if f.is_file()}} for d in drafts],
                        "environment": plain["info"]["extra"]}}
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "report.json", json.dumps(report, indent=1) + "\n")
-    write_text_atomic(out / "report.md", markdown(report))
-    return report

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import base64
-import io
 import math
 import sys
 from pathlib import Path
@@ -28,12 +26,12 @@ from pipeline.compare.tables import (
 )
 from pipeline.core.cli import ExitCode
 from pipeline.core.io import write_text_atomic
+from pipeline.core import plots
 from pipeline.shards.layout import REPORT_HTML
 
 # The page's structure lives in templates/report.html.j2; the plots are drawn here and embedded as <img> tags.
 _TEMPLATE = Environment(loader=PackageLoader("pipeline.compare", "templates"), autoescape=True,
                         undefined=StrictUndefined).get_template("report.html.j2")
-_DPI = 72
 _FLOOR = 1e-12  # the lowest a log axis goes; zeros are drawn at a floor below the smallest nonzero value
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
@@ -48,33 +46,6 @@ td:first-child,th:first-child{text-align:left}
 img{max-width:100%;border:1px solid #eee;margin:6px 0}
 li{margin:3px 0}
 """
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _margins(fig, *, left: float, bottom: float, top: float, right: float = 0.25, wspace: float | None = None) -> None:
-    """Fixed margins in inches: bbox_inches="tight" (or a constrained layout) draws every figure twice, and drawing
-    is most of the report's plotting time (bench/README.md#figures-measured-outside-the-bench-scripts)."""
-    w, h = fig.get_size_inches()
-    fig.subplots_adjust(left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h, wspace=wspace)
-
-
-def _png(fig) -> str:
-    from matplotlib.ticker import NullLocator
-
-    for ax in fig.axes:  # minor ticks on wide log axes cost most of the drawing time, and say little
-        ax.yaxis.set_minor_locator(NullLocator())
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=_DPI)
-    _plt().close(fig)
-    return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
 
 
 def floor_of(values: Sequence[float]) -> float:
@@ -100,12 +71,12 @@ def _series_panel(ax, x, series, title: str, threshold: float | None = None) -> 
 
 
 def fig_points(pair: PairResult, threshold: float | None) -> str:
-    plt = _plt()
+    plt = plots.plt()
     labels = pair.labels
     x = list(range(len(labels)))
     s = [pair.points[k] for k in labels]
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
-    _margins(fig, left=0.8, bottom=0.9, top=0.6, wspace=0.3)
+    plots.margins(fig, left=0.8, bottom=0.9, top=0.6, wspace=0.3)
     _series_panel(axes[0], x, [("aggregate", [p.rel_l2 for p in s], "o-"), ("p50 token", [p.p50 for p in s], "s--"),
                                ("p90 token", [p.p90 for p in s], "^--"), ("max token", [p.max for p in s], "v:")],
                   "relative L2", threshold)
@@ -118,7 +89,7 @@ def fig_points(pair: PairResult, threshold: float | None) -> str:
             ax.axvline(labels.index(pair.verdict.onset), color="orange", alpha=0.6, linewidth=3)
         ax.legend(fontsize=7)
     fig.suptitle(f"{pair.name}: per point (orange: first divergent point)", fontsize=10)
-    return _png(fig)
+    return plots.png(fig)
 
 
 def _profile_points(pair: PairResult) -> list[str]:
@@ -128,9 +99,9 @@ def _profile_points(pair: PairResult) -> list[str]:
 
 
 def fig_positions(pair: PairResult) -> str:
-    plt = _plt()
+    plt = plots.plt()
     fig, ax = plt.subplots(figsize=(9, 3.4))
-    _margins(fig, left=0.9, bottom=0.6, top=0.35)
+    plots.margins(fig, left=0.9, bottom=0.6, top=0.35)
     chosen = _profile_points(pair)
     _series_panel(ax, None, [], f"{pair.name}: per-position profile")
     floor = floor_of([v for label in chosen for v in pair.points[label].profile])
@@ -140,13 +111,13 @@ def fig_positions(pair: PairResult) -> str:
     ax.set_xlabel("position in the sample")
     ax.set_ylabel(f"mean per-token rel L2 (zeros at {floor:.0e})", fontsize=8)
     ax.legend(fontsize=8)
-    return _png(fig)
+    return plots.png(fig)
 
 
 def fig_overview(pairs: Sequence[PairResult]) -> str:
-    plt = _plt()
+    plt = plots.plt()
     fig, ax = plt.subplots(figsize=(9, 3.4))
-    _margins(fig, left=1.0, bottom=0.9, top=0.35)
+    plots.margins(fig, left=1.0, bottom=0.9, top=0.35)
     floor = floor_of([p.points[k].judged_rel_l2 for p in pairs for k in p.labels])
     for p in pairs:
         ax.plot(range(len(p.labels)), _log([p.points[k].judged_rel_l2 for k in p.labels], floor), "o-",
@@ -157,18 +128,18 @@ def fig_overview(pairs: Sequence[PairResult]) -> str:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("every engine against the reference", fontsize=10)
-    return _png(fig)
+    return plots.png(fig)
 
 
 def fig_alignment(al: Alignment) -> str:
-    plt = _plt()
+    plt = plots.plt()
     import numpy as np
 
     raw = np.array(al.distances, dtype=float)
     floor = floor_of(raw.ravel().tolist())
     d = np.log10(np.maximum(raw, floor))
     fig, ax = plt.subplots(figsize=(max(5, 0.45 * len(al.cols) + 3), max(2.5, 0.4 * len(al.rows) + 2)))
-    _margins(fig, left=1.3, bottom=1.2, top=0.35, right=0.2)  # the colorbar takes its room from the axes
+    plots.margins(fig, left=1.3, bottom=1.2, top=0.35, right=0.2)  # the colorbar takes its room from the axes
     im = ax.imshow(d, cmap="viridis_r", aspect="auto")
     ax.set_xticks(range(len(al.cols)), al.cols, rotation=45, fontsize=8)
     ax.set_yticks(range(len(al.rows)), [f"claims {r}" for r in al.rows], fontsize=8)
@@ -181,7 +152,7 @@ def fig_alignment(al: Alignment) -> str:
                                        edgecolor="orange", linewidth=2))
     fig.colorbar(im, ax=ax, label=f"log10 median per-token rel L2 (zeros at {floor:.0e})")
     ax.set_title(f"alignment of {al.engine} (x: best match, box: claimed)", fontsize=10)
-    return _png(fig)
+    return plots.png(fig)
 
 
 def _table(header: Sequence[str], rows: list[list[str]], status_cols: Sequence[int] = ()) -> dict:

@@ -1,7 +1,8 @@
 """`python -m pipeline.accept` against real vLLM: the real small model (SmolLM2-135M-Instruct) served with random-weight
 speculators-format EAGLE-3 drafts, float32, greedy. A random draft is accepted rarely or never; what is proven here is
 the path: vLLM loads and runs the drafts, speculative output equals plain greedy output, the report's figures follow
-from the raw counters it saved, and what vLLM (or SGLang here) cannot serve is one line and exit 2."""
+from the raw counters it saved, the report directory keeps a finished report, and what vLLM (or SGLang here) cannot
+serve is one line and exit 2."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import accept as accept_cli
+from pipeline.core.cli import ExitCode
 from tests.helpers.drafts import make_draft
 from tests.helpers.markers import needs_vllm
 
@@ -69,6 +72,10 @@ def test_two_drafts_side_by_side_with_speculative_output_equal_to_plain_greedy(m
         assert d["tokens_per_s"] > 0
     md = (out / "report.md").read_text()
     assert "| | `a` | `b` |" in md and "acceptance length" in md and "accepted at position 3" in md
+    page = (out / "report.html").read_text()
+    assert page.count('<img alt="per-position acceptance" src="data:image/png;base64,') == 1
+    assert "<th>a</th><th>b</th>" in page and "accepted at position 3" in page and "http" not in page
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md"]
     assert [line.split(":")[0] for line in done.stdout.splitlines()[:2]] == ["a", "b"]
     prov = report["provenance"]
     assert prov["vllm_version"] == "0.32.0" and len(prov["prompts"]["sha256"]) == 64
@@ -96,6 +103,17 @@ def test_every_figure_follows_from_the_saved_raw_counters(measured):
         assert o["per_position"] == pytest.approx([p / totals["drafts"] for p in totals["accepted_per_pos"]])
         seconds = sum(r["seconds"] for r in d["prompts"])
         assert d["tokens_per_s"] == pytest.approx(sum(r["output_tokens"] for r in d["prompts"]) / seconds)
+
+
+def test_a_finished_report_is_kept_unless_overwrite_is_given(measured, setup, smol, capsys):
+    _, _, out = measured
+    _, _, drafts, prompts = setup
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    code = accept_cli.main(["--draft", str(drafts[0]), "--serve", "vllm", "--target", str(smol), "--prompts",
+                            str(prompts), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == ExitCode.USAGE and err.count("\n") == 1 and "pass --overwrite" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_sglang_is_refused_in_one_line_saying_why(setup, smol):

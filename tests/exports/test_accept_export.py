@@ -1,0 +1,29 @@
+"""`python -m pipeline.accept --export EXPORT`: the target and the features a draft was trained on are read from a real
+export, and the doctor's verdict on each draft is settled before any engine starts (`prepare`: nothing served here;
+tests/integration/test_accept.py serves drafts with vLLM)."""
+from __future__ import annotations
+
+import json
+
+from pipeline.acceptance.measure import prepare
+from tests.exports.conftest import cli
+from tests.helpers.drafts import make_draft
+
+
+def test_the_target_and_the_trained_features_come_from_the_export(llama_run, models_root, tmp_path):
+    export = tmp_path / "export"
+    proc = cli("pipeline.export", str(llama_run), "--format", "speculators", "--out", str(export))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ids = json.loads((export / "export.json").read_text())["serving"]["vllm"]["aux_layer_ids"]
+    config = json.loads((models_root / "tiny-llama" / "config.json").read_text())
+    wired = make_draft(tmp_path / "wired", config, schema="speculators", aux_ids=list(ids))
+    shifted = make_draft(tmp_path / "shifted", config, schema="speculators", aux_ids=[i + 1 for i in ids])
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "Name three colours."}]}) + "\n")
+    plan = prepare([wired, shifted], target=None, run=None, export=export, prompts=prompts, out=tmp_path / "out",
+                   overwrite=False)
+    assert plan.model_dir.resolve() == (models_root / "tiny-llama").resolve()
+    assert [d["verdict"] for d in plan.doctors] == ["OK", "MISMATCH"], plan.doctors
+    aux = [f for f in plan.doctors[1]["findings"] if " aux-ids " in f]
+    assert aux and aux[0].startswith("MISMATCH") and "b1,b3,b5" in aux[0], plan.doctors[1]["findings"]
+    assert len(plan.prompt_ids) == 1 and not (tmp_path / "out").exists()  # nothing written before measuring
