@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from pipeline.acceptance import figures as fg
 from pipeline.acceptance import outdir
 from pipeline.acceptance.render import html, markdown
-from pipeline.core.cli import UsageError
+from pipeline.core.cli import RunFailed, UsageError
 from pipeline.core.contracts import EngineSpec
 from pipeline.core.io import sha256_file
 from pipeline.data.mask import encode_chat
@@ -90,6 +90,10 @@ def _serve(model_dir: Path, draft: Path | None, prompts: list[list[int]], s: Set
     try:
         return {"results": engine.call("measure", prompts, s.max_tokens, s.temperature, s.seed),
                 "info": asdict(engine.info())}
+    except EngineWorkerError as e:  # vLLM loaded the draft and then failed on it (a d2t of absolute ids does)
+        what = f"draft {draft}" if draft is not None else "the plain target"
+        raise RunFailed(f"vLLM failed while serving {what}: {' '.join(e.summary.split())}; nothing was "
+                        "written") from None
     finally:
         engine.close()
 

@@ -1,0 +1,240 @@
+"""The closed loop on the real small model: regenerate -> extract -> export -> train -> doctor -> accept, and one table of
+acceptance figures with each draft's doctor verdict beside them.
+
+    .venv/bin/python bench/closed_loop.py [--work bench/out/closed_loop] [--prompts 300] [--held-out 24]
+        [--max-tokens 96] [--epochs 4] [--draft-vocab 8192] [--k 3] [--accept-tokens 48] [--variants all]
+
+Every step is the project's own command line (or the trainer's), run as a user runs it, into --work; a step whose
+result is already there (a finished regeneration, run, export, checkpoint) is not run again, so a rerun after a stop
+goes on where it was, and --variants can be re-served without training again.
+
+- Prompts: the bundled conversations' first user turns plus prompts composed from task templates and topics (no hub:
+  nothing else to download), shuffled with a fixed seed; --held-out of them are never trained on and are the prompts
+  acceptance is measured on (rendered through the target's chat template by pipeline.accept).
+- Regenerate (vLLM, float32, greedy, --max-tokens): the target writes the answers it will be asked to draft.
+- Extract (vLLM, float32) at b2, b15, b27 (vLLM's EAGLE-3 default aux ids for 30 layers) and bN, the gate against HF on.
+- Export to speculators' layout with --draft-vocab (token frequencies, d2t/t2d written by the export).
+- Train with speculators 0.9's own CLI through the CPU shim (tests/exports/drivers/speculators_cpu.py): one layer,
+  --epochs; every epoch's checkpoint is kept, which gives the training-budget rows for free.
+- Serve every draft with vLLM and measure (pipeline.accept, one call: one start per draft and a plain one).
+
+Rows (--variants, comma-separated, or all): `wired` (the last epoch as trained), `epoch<i>` (earlier checkpoints),
+`shift+1` and `shift-1` (aux ids moved by one layer), `bottom3` ([0, 1, 2]), `last3` ([N-3, N-2, N-1]),
+`d2t-absolute` (d2t rewritten as absolute target ids: vLLM fails while serving it), `dropped-names` (the decoder
+layer's tensors under a prefix vLLM does not load: refused); those two are served alone, their line printed. The doctor's verdict comes from pipeline.accept's own run of it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import common  # noqa: F401 - puts the repository root on sys.path (bench.*, pipeline.*)
+
+REPO = common.REPO
+SPECULATORS = REPO / ".venv-speculators" / "bin" / "python"
+SHIM = REPO / "tests" / "exports" / "drivers" / "speculators_cpu.py"
+# Variants vLLM refuses at load (names it drops) or fails on while serving (d2t of absolute ids: an index past the
+# target's vocabulary), each measured in its own accept call.
+ALONE = {"dropped-names", "d2t-absolute"}
+TEMPLATES = [
+    "Explain {t} to a beginner in a few sentences.", "What are the main advantages and drawbacks of {t}?",
+    "Write a short paragraph about {t}.", "Give three practical tips related to {t}.",
+    "How would you describe {t} to a ten-year-old?", "List the key facts someone should know about {t}.",
+    "What is a common misconception about {t}?", "Summarise the history of {t} briefly.",
+    "Write a haiku about {t}.", "Compare {t} with something similar and say how they differ.",
+    "What questions should I ask before getting started with {t}?", "Describe a typical day involving {t}.",
+    "Why does {t} matter today?", "Write a friendly email inviting a colleague to learn about {t}.",
+    "What would be a good first project to learn {t}?", "Give a step-by-step guide to getting started with {t}.",
+]
+TOPICS = [
+    "photosynthesis", "the water cycle", "compound interest", "machine learning", "the French revolution",
+    "volcanoes", "recycling plastic", "learning a new language", "public transport", "the immune system",
+    "black holes", "gardening in small spaces", "time management", "electric cars", "the stock market",
+    "sleep hygiene", "renewable energy", "ancient Rome", "cooking pasta", "version control with git",
+    "climate change", "the human heart", "birdwatching", "remote work", "chess openings", "honey bees",
+    "the printing press", "running a marathon", "cloud computing", "coral reefs", "budget travel",
+    "the Pythagorean theorem", "meditation", "earthquakes", "baking bread", "the solar system",
+    "writing a resume", "democracy", "vaccines", "origami",
+]
+
+
+def run(cmd: list[str], log: Path, what: str) -> None:
+    t0 = time.perf_counter()
+    with log.open("w") as out:
+        done = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+    took = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"{what} failed (exit {done.returncode}, {took:.0f} s); its log: {log}\n"
+                         + "".join(log.read_text().splitlines(keepends=True)[-15:]))
+    print(f"{what}: {took:.0f} s (log {log})", flush=True)
+
+
+def prompts(work: Path, n: int, held_out: int) -> tuple[Path, Path]:
+    bundled = REPO / "pipeline" / "data" / "bundled" / "conversations.jsonl"
+    texts = []
+    for line in bundled.read_text().splitlines():
+        messages = json.loads(line).get("messages") or []
+        first = next((m["content"] for m in messages if m.get("role") == "user"), None)
+        if isinstance(first, str) and first.strip():
+            texts.append(first)
+    texts += [t.format(t=topic) for t in TEMPLATES for topic in TOPICS]
+    texts = list(dict.fromkeys(texts))
+    random.Random(0).shuffle(texts)
+    if n + held_out > len(texts):
+        raise SystemExit(f"--prompts {n} + --held-out {held_out} > the {len(texts)} prompts there are")
+    train, test = work / "train_prompts.jsonl", work / "heldout_prompts.jsonl"
+    for path, chunk in ((test, texts[:held_out]), (train, texts[held_out:held_out + n])):
+        path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": c}]}) + "\n" for c in chunk))
+    return train, test
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _with_ids(src: Path, dst: Path, ids: list[int]) -> Path:
+    _copy(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config["eagle_aux_hidden_state_layer_ids"] = ids
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return dst
+
+
+def _with_tensors(src: Path, dst: Path, change) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    _copy(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    save_file(change(tensors), str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def variants(wired: Path, epochs: list[Path], num_layers: int, where: Path, wanted: set[str]) -> dict[str, Path]:
+    import torch
+
+    ids = json.loads((wired / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]
+    out: dict[str, Path] = {"wired": wired}
+    out |= {f"epoch{e.name}": e for e in epochs[:-1]}
+    out["shift+1"] = lambda: _with_ids(wired, where / "shift+1", [i + 1 for i in ids])
+    out["shift-1"] = lambda: _with_ids(wired, where / "shift-1", [i - 1 for i in ids])
+    out["bottom3"] = lambda: _with_ids(wired, where / "bottom3", [0, 1, 2])
+    out["last3"] = lambda: _with_ids(wired, where / "last3", [num_layers - 3, num_layers - 2, num_layers - 1])
+    out["d2t-absolute"] = lambda: _with_tensors(wired, where / "d2t-absolute", lambda t: {
+        **t, "d2t": t["d2t"] + torch.arange(t["d2t"].numel(), dtype=t["d2t"].dtype)})
+    out["dropped-names"] = lambda: _with_tensors(wired, where / "dropped-names", lambda t: {
+        (f"draft_model.{k}" if k.startswith("layers.") else k): v for k, v in t.items()})
+    chosen = {}
+    for name, make in out.items():
+        if "all" in wanted or name in wanted or (name.startswith("epoch") and "epochs" in wanted):
+            chosen[name] = make() if callable(make) else make
+    return chosen
+
+
+def accept(drafts: dict[str, Path], export: Path, test: Path, out: Path, args, log: Path) -> dict:
+    cmd = [sys.executable, "-m", "pipeline.accept", "--serve", "vllm", "--export", str(export), "--prompts", str(test),
+           "--out", str(out), "--num-speculative-tokens", str(args.k), "--max-tokens", str(args.accept_tokens),
+           "--dtype", "float32", "--overwrite"]
+    for path in drafts.values():
+        cmd += ["--draft", str(path)]
+    run(cmd, log, f"accept ({len(drafts)} drafts)")
+    return json.loads((out / "report.json").read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", type=Path, default=REPO / "bench" / "out" / "closed_loop")
+    ap.add_argument("--prompts", type=int, default=300, help="prompts regenerated and trained on")
+    ap.add_argument("--held-out", type=int, default=24, help="prompts acceptance is measured on (never trained on)")
+    ap.add_argument("--max-tokens", type=int, default=96, help="the target's answer length when regenerating")
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--total-seq-len", type=int, default=2048, help="tokens per training step (speculators packs)")
+    ap.add_argument("--draft-vocab", type=int, default=8192)
+    ap.add_argument("--k", type=int, default=3, help="speculative tokens when serving")
+    ap.add_argument("--accept-tokens", type=int, default=48, help="tokens generated per held-out prompt")
+    ap.add_argument("--variants", default="all")
+    args = ap.parse_args()
+
+    from pipeline.factory.tiny import ensure_model
+
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    logs = work / "logs"
+    logs.mkdir(exist_ok=True)
+    model = ensure_model("smollm2-135m-instruct")
+    num_layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+    train, test = prompts(work, args.prompts, args.held_out)
+    py = sys.executable
+    t_all = time.perf_counter()
+
+    regen = work / "regen"
+    if not (regen / "manifest.json").is_file():
+        run([py, "-m", "pipeline.regenerate", "model=smollm2", "engine=vllm", "engine.dtype=float32",
+             f"data.path={train}", f"out_dir={regen}", f"sampling.max_tokens={args.max_tokens}",
+             f"hydra.run.dir={logs / 'regen.hydra'}"], logs / "regenerate.log", "regenerate")
+    run_dir = work / "run"
+    if not (run_dir / "manifest.json").is_file():
+        run([py, "-m", "pipeline.extract", "model=smollm2", "engine=vllm", "engine.dtype=float32",
+             "diff.reference=hf@float32", f"data.path={regen}", f"out_dir={run_dir}",
+             "capture.points=[2,15,27,last]", f"hydra.run.dir={logs / 'extract.hydra'}"],
+            logs / "extract.log", "extract")
+    export = work / "export"
+    if not (export / "export.json").is_file():
+        run([py, "-m", "pipeline.export", str(run_dir), "--format", "speculators", "--out", str(export),
+             "--draft-vocab", str(args.draft_vocab)], logs / "export.log", "export")
+    sidecar = json.loads((export / "export.json").read_text())
+    ckpt = work / "ckpt"
+    last = ckpt / str(args.epochs - 1)
+    if not (last / "config.json").is_file():
+        run([str(SPECULATORS), str(SHIM), "--verifier-name-or-path", str(model), "--data-path", str(export),
+             "--save-path", str(ckpt), "--num-layers", "1",
+             "--target-layer-ids", *map(str, sidecar["serving"]["vllm"]["aux_layer_ids"]),
+             *shlex.split(sidecar["draft_vocab"]["trainer_args"]), "--hidden-states-dtype", "float32",
+             "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--num-workers", "1",
+             "--on-missing", "raise", "--epochs", str(args.epochs), "--total-seq-len", str(args.total_seq_len),
+             "--ttt-steps", str(args.k), "--lr", str(args.lr), "--log-dir", str(logs / "train")],
+            logs / "train.log", f"train ({args.epochs} epochs)")
+    epochs = sorted((p for p in ckpt.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    drafts = variants(last, epochs, num_layers, work / "variants", set(args.variants.split(",")))
+    refused = {}
+    for name in ALONE & set(drafts):  # vLLM refuses it, or fails on it: measured alone, so the others still are
+        path = drafts.pop(name)
+        done = subprocess.run([py, "-m", "pipeline.accept", "--serve", "vllm", "--export", str(export), "--prompts",
+                               str(test), "--out", str(work / f"accept-{name}"), "--draft", str(path),
+                               "--max-tokens", str(args.accept_tokens), "--num-speculative-tokens", str(args.k),
+                               "--overwrite"], cwd=REPO, capture_output=True, text=True)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")] or ["-"]
+        refused[name] = (done.returncode, errors[-1][:300])
+    report = accept(drafts, export, test, work / "accept", args, logs / "accept.log")
+
+    by_path = {str(p): name for name, p in drafts.items()}
+    print(f"\nclosed loop: SmolLM2-135M-Instruct, {args.prompts} regenerated prompts, {args.epochs} epochs, "
+          f"K={args.k}, {report['num_prompts']} held-out prompts x {args.accept_tokens} tokens, float32; "
+          f"{time.perf_counter() - t_all:.0f} s in all")
+    head = f"| draft | doctor | acceptance length | {' | '.join(f'pos {i + 1}' for i in range(args.k))} | " \
+           "differs from greedy |"
+    print(head)
+    print("|" + "---|" * (5 + args.k - 1))
+    for d, prov in zip(report["drafts"], report["provenance"]["drafts"]):
+        o = d["overall"]
+        pp = " | ".join(f"{v:.3f}" for v in (o["per_position"] or [0.0] * args.k))
+        al = "-" if o["acceptance_length"] is None else f"{o['acceptance_length']:.3f}"
+        print(f"| {by_path.get(prov['path'], d['name'])} | {d['doctor']['verdict']} | {al} | {pp} | "
+              f"{d['differing']} of {len(d['prompts'])} |")
+    for name, (code, line) in refused.items():
+        print(f"| {name} | - | {'measured alone: accept-' + name if code == 0 else f'exit {code}: {line}'} |")
+    print(f"\nreport: {work / 'accept' / 'report.html'}")
+
+
+if __name__ == "__main__":
+    main()
