@@ -59,7 +59,7 @@ def regen_hf(tmp_path_factory, prompts, smollm2) -> Path:
     out = tmp_path_factory.mktemp("regen") / "hf"
     done = regenerate(out, prompts, "engine=hf", "engine.dtype=float32", "runner.max_samples_per_shard=2")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "answers by transformers" in done.stdout and f"extract it with: python -m pipeline.extract" in done.stdout
+    assert "answers by transformers" in done.stdout and "extract it with: python -m pipeline.extract" in done.stdout
     return out
 
 

@@ -64,7 +64,7 @@ def tokenizer(models_root, tiny_model):
 def test_reasoning_stays_in_the_ids_where_re_rendering_loses_it(tmp_path, tokenizer):
     record = {"messages": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "x"},
                            {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "y"}]}
-    said = [f"{REASONING}</think>{ANSWER}<|im_end|>", f"Three and three.</think>6<|im_end|>"]
+    said = [f"{REASONING}</think>{ANSWER}<|im_end|>", "Three and three.</think>6<|im_end|>"]
     out = regenerate(tmp_path, [record], said, "think")
     (row,) = rows(out)
     first, second = row["turns"]

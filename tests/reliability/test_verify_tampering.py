@@ -221,7 +221,7 @@ def _move_to_other_run(run: Path) -> Path:
     return other
 
 
-ATTESTED_MOVED = f"attestation.intoto.json: 2 file(s) differ from what it attests: manifest.json (sha256 "
+ATTESTED_MOVED = "attestation.intoto.json: 2 file(s) differ from what it attests: manifest.json (sha256 "
 
 
 def test_a_listed_path_into_another_run_is_named(run, capsys):
