@@ -152,3 +152,19 @@ def test_an_out_dir_inside_a_run_is_refused(setup, smol):
     done = accept("--draft", str(drafts[0]), "--serve", "vllm", "--target", str(smol), "--prompts", str(prompts),
                   "--out", str(run / "acc"), cwd=tmp)
     assert done.returncode == 2 and "inside the run directory" in done.stderr, done.stderr
+
+
+def test_a_draft_vllm_loads_and_then_fails_on_is_one_line_and_nothing_is_written(setup, smol):
+    import torch
+
+    tmp, config, _, prompts = setup
+    vocab = config["vocab_size"]
+    # Every draft token mapped past the target's vocabulary: vLLM loads it and fails at the first draft step.
+    beyond = make_draft(tmp / "beyond", config, schema="speculators", aux_ids=[2, 15, 27], draft_vocab=1024,
+                        extra={"d2t": torch.full((1024,), vocab, dtype=torch.int64)})
+    done = accept("--draft", str(beyond), "--serve", "vllm", "--target", str(smol), "--prompts", str(prompts),
+                  "--out", str(tmp / "z"), "--max-tokens", "4", cwd=tmp)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 1 and len(errors) == 1, done.stderr[-3000:]
+    assert errors[0].startswith(f"error: vLLM failed while serving draft {beyond}: ") and "IndexError" in errors[0]
+    assert "Traceback" not in done.stderr and not (tmp / "z").exists()
