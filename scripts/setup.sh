@@ -4,9 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The environments are independent installs, mostly one process each (pip unpacking, compiling bytecode): they are
-# built in two lanes, one per core, the main environment and the tiny models in one, the engines' and the trainers'
-# environments (scripts/engines/*.sh, scripts/trainers/*.sh) shared out between both. Each lane logs to a file,
-# printed after it. Editable installs of this checkout take a lock (they write pipeline.egg-info here).
+# built in two lanes, one per core, the main environment first in lane 0, the engines' and the trainers' environments
+# (scripts/engines/*.sh, scripts/trainers/*.sh) dealt out between both; Chromium and the models come after both
+# lanes. Each lane logs to a file, printed after it. Editable installs of this checkout take a lock (they write
+# pipeline.egg-info here).
 mkdir -p .cache
 export PIPELINE_SETUP_LOCK=$PWD/.cache/.setup-editable.lock
 logs=$(mktemp -d)

@@ -24,9 +24,9 @@ from pipeline.compare.tables import (
     storage_rows,
     storage_title,
 )
+from pipeline.core import plots
 from pipeline.core.cli import ExitCode
 from pipeline.core.io import write_text_atomic
-from pipeline.core import plots
 from pipeline.shards.layout import REPORT_HTML
 
 # The page's structure lives in templates/report.html.j2; the plots are drawn here and embedded as <img> tags.
