@@ -28,18 +28,17 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shlex
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import common  # noqa: F401 - puts the repository root on sys.path (bench.*, pipeline.*)
+import common  # noqa: F401 - puts the repository root on sys.path (bench.*, pipeline.*, tests.helpers.*)
+from tests.helpers.drafts import rewire
+from tests.helpers.trainers import speculators_train
 
 REPO = common.REPO
-SPECULATORS = REPO / ".venv-speculators" / "bin" / "python"
-SHIM = REPO / "tests" / "exports" / "drivers" / "speculators_cpu.py"
 # Variants vLLM refuses at load (names it drops) or fails on while serving (d2t of absolute ids: an index past the
 # target's vocabulary), each measured in its own accept call.
 ALONE = {"dropped-names", "d2t-absolute"}
@@ -102,14 +101,6 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def _with_ids(src: Path, dst: Path, ids: list[int]) -> Path:
-    _copy(src, dst)
-    config = json.loads((dst / "config.json").read_text())
-    config["eagle_aux_hidden_state_layer_ids"] = ids
-    (dst / "config.json").write_text(json.dumps(config, indent=2))
-    return dst
-
-
 def _with_tensors(src: Path, dst: Path, change) -> Path:
     from safetensors.torch import load_file, save_file
 
@@ -125,10 +116,10 @@ def variants(wired: Path, epochs: list[Path], num_layers: int, where: Path, want
     ids = json.loads((wired / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]
     out: dict[str, Path] = {"wired": wired}
     out |= {f"epoch{e.name}": e for e in epochs[:-1]}
-    out["shift+1"] = lambda: _with_ids(wired, where / "shift+1", [i + 1 for i in ids])
-    out["shift-1"] = lambda: _with_ids(wired, where / "shift-1", [i - 1 for i in ids])
-    out["bottom3"] = lambda: _with_ids(wired, where / "bottom3", [0, 1, 2])
-    out["last3"] = lambda: _with_ids(wired, where / "last3", [num_layers - 3, num_layers - 2, num_layers - 1])
+    out["shift+1"] = lambda: rewire(wired, where / "shift+1", [i + 1 for i in ids])
+    out["shift-1"] = lambda: rewire(wired, where / "shift-1", [i - 1 for i in ids])
+    out["bottom3"] = lambda: rewire(wired, where / "bottom3", [0, 1, 2])
+    out["last3"] = lambda: rewire(wired, where / "last3", [num_layers - 3, num_layers - 2, num_layers - 1])
     out["d2t-absolute"] = lambda: _with_tensors(wired, where / "d2t-absolute", lambda t: {
         **t, "d2t": t["d2t"] + torch.arange(t["d2t"].numel(), dtype=t["d2t"].dtype)})
     out["dropped-names"] = lambda: _with_tensors(wired, where / "dropped-names", lambda t: {
@@ -158,6 +149,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96, help="the target's answer length when regenerating")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--optimizer", choices=("muon", "adamw"), default="muon",
+                    help="speculators' default is Muon, whose bf16 Newton-Schulz is emulated on CPUs without AMX; "
+                         "AdamW with a short --total-seq-len buys many more steps for the time")
     ap.add_argument("--total-seq-len", type=int, default=2048, help="tokens per training step (speculators packs)")
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--k", type=int, default=3, help="speculative tokens when serving")
@@ -192,17 +186,12 @@ def main() -> None:
     if not (export / "export.json").is_file():
         run([py, "-m", "pipeline.export", str(run_dir), "--format", "speculators", "--out", str(export),
              "--draft-vocab", str(args.draft_vocab)], logs / "export.log", "export")
-    sidecar = json.loads((export / "export.json").read_text())
     ckpt = work / "ckpt"
     last = ckpt / str(args.epochs - 1)
     if not (last / "config.json").is_file():
-        run([str(SPECULATORS), str(SHIM), "--verifier-name-or-path", str(model), "--data-path", str(export),
-             "--save-path", str(ckpt), "--num-layers", "1",
-             "--target-layer-ids", *map(str, sidecar["serving"]["vllm"]["aux_layer_ids"]),
-             *shlex.split(sidecar["draft_vocab"]["trainer_args"]), "--hidden-states-dtype", "float32",
-             "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--num-workers", "1",
-             "--on-missing", "raise", "--epochs", str(args.epochs), "--total-seq-len", str(args.total_seq_len),
-             "--ttt-steps", str(args.k), "--lr", str(args.lr), "--log-dir", str(logs / "train")],
+        run(speculators_train(model, export, ckpt, epochs=args.epochs, total_seq_len=args.total_seq_len, lr=args.lr,
+                              ttt_steps=args.k, num_workers=1, log_dir=logs / "train",
+                              extra=("--optimizer", args.optimizer)),
             logs / "train.log", f"train ({args.epochs} epochs)")
     epochs = sorted((p for p in ckpt.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
     drafts = variants(last, epochs, num_layers, work / "variants", set(args.variants.split(",")))

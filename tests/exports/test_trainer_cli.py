@@ -5,15 +5,15 @@ what vLLM would be given, and the doctor finds it wired as the export says."""
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
 
 import numpy as np
 import pytest
 from safetensors import safe_open
 
-from tests.exports.conftest import DRIVERS, TRAINER_VENVS, cli
+from tests.exports.conftest import cli
 from tests.helpers.runs import snapshot
+from tests.helpers.trainers import speculators_train
 
 pytestmark = pytest.mark.integration
 N = 64
@@ -34,14 +34,8 @@ def cli_trained(llama_run, models_root, tmp_path_factory):
     assert proc.returncode == 0, proc.stderr
     sidecar = json.loads((export / "export.json").read_text())
     before = snapshot(export)
-    args = [str(TRAINER_VENVS["speculators"] / "bin" / "python"), str(DRIVERS / "speculators_cpu.py"),
-            "--verifier-name-or-path", str(models_root / "tiny-llama"), "--data-path", str(export),
-            "--save-path", str(root / "ckpt"), "--num-layers", "1",
-            "--target-layer-ids", *map(str, sidecar["serving"]["vllm"]["aux_layer_ids"]),
-            *shlex.split(sidecar["draft_vocab"]["trainer_args"]),
-            "--hidden-states-dtype", "float32", "--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
-            "--num-workers", "0", "--on-missing", "raise", "--epochs", str(EPOCHS), "--total-seq-len", "256",
-            "--ttt-steps", "3", "--lr", "3e-3", "--log-dir", str(root / "logs")]
+    args = speculators_train(models_root / "tiny-llama", export, root / "ckpt", epochs=EPOCHS, total_seq_len=256,
+                             lr=3e-3, log_dir=root / "logs")
     done = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return export, sidecar, before, root / "ckpt"

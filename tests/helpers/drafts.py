@@ -3,6 +3,7 @@ sized after a tiny target's config.json; every knob a checks' failing case needs
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +117,15 @@ def make_draft(path: Path, target_config: dict, *, schema: str = "specforge", au
     (path / "config.json").write_text(json.dumps(config, indent=2))
     save_file({n: t.contiguous() for n, t in tensors.items()}, str(path / "model.safetensors"))
     return path
+
+
+def rewire(src: Path, dst: Path, aux_ids: list[int]) -> Path:
+    """A copy of speculators-format draft `src` at `dst` whose config names other aux ids (its weights unchanged): the
+    same draft served with other target layers."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config["eagle_aux_hidden_state_layer_ids"] = list(aux_ids)
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return dst

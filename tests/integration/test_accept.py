@@ -1,8 +1,9 @@
-"""`python -m pipeline.accept` against real vLLM: the real small model (SmolLM2-135M-Instruct) served with random-weight
-speculators-format EAGLE-3 drafts, float32, greedy. A random draft is accepted rarely or never; what is proven here is
-the path: vLLM loads and runs the drafts, speculative output equals plain greedy output, the report's figures follow
-from the raw counters it saved, the report directory keeps a finished report, and what vLLM (or SGLang here) cannot
-serve is one line and exit 2."""
+"""`python -m pipeline.accept` against real vLLM on the real small model (SmolLM2-135M-Instruct), float32, greedy. The
+report is the closed loop's measurement (tests/integration/conftest.py): three speculators-format drafts side by side,
+one trained on the target's own answers, one random, one fed the wrong layers. Proven here: vLLM loads and runs the
+drafts, speculative output equals plain greedy output, the report's figures follow from the raw counters it saved,
+the report directory keeps a finished report, and what vLLM (or SGLang here) cannot serve is one line and an exit
+code. What the figures say about the drafts is test_closed_loop.py's."""
 from __future__ import annotations
 
 import json
@@ -16,15 +17,12 @@ import pytest
 from pipeline import accept as accept_cli
 from pipeline.core.cli import ExitCode
 from tests.helpers.drafts import make_draft
+from tests.helpers.loop import K, PROMPTS
 from tests.helpers.markers import needs_vllm
 
 pytestmark = [pytest.mark.integration, needs_vllm]
 REPO = Path(__file__).resolve().parents[2]
-PROMPTS = [{"messages": [{"role": "user", "content": "What is the capital of France?"}]},
-           {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Count to five."},
-                         {"role": "assistant", "content": "1 2 3 4 5"}]},  # the answer is not part of the prompt
-           {"prompt": "Write a haiku about rain."}]
-K = 3
+SERVED = ["trained", "untrained", "bottom3"]  # the closed loop's drafts, in the order it served them
 
 
 def accept(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -41,42 +39,37 @@ def smol(tiny_model):
 def setup(smol, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("accept")
     config = json.loads((smol / "config.json").read_text())
-    drafts = [make_draft(tmp / "a", config, schema="speculators", aux_ids=[2, 15, 27]),
-              make_draft(tmp / "b", config, schema="speculators", aux_ids=[1, 14, 26])]
+    drafts = [make_draft(tmp / "a", config, schema="speculators", aux_ids=[2, 15, 27])]
     prompts = tmp / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     return tmp, config, drafts, prompts
 
 
 @pytest.fixture(scope="module")
-def measured(setup, smol):
-    tmp, _, drafts, prompts = setup
-    done = accept("--draft", str(drafts[0]), "--draft", str(drafts[1]), "--serve", "vllm", "--target", str(smol),
-                  "--prompts", str(prompts), "--out", str(tmp / "out"), "--max-tokens", "12",
-                  "--num-speculative-tokens", str(K), "--dtype", "float32", cwd=tmp)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done, json.loads((tmp / "out" / "report.json").read_text()), tmp / "out"
+def measured(closed_loop):
+    return closed_loop.accept, closed_loop.report, closed_loop.accept_out
 
 
-def test_two_drafts_side_by_side_with_speculative_output_equal_to_plain_greedy(measured):
+def test_three_drafts_side_by_side_with_speculative_output_equal_to_plain_greedy(measured):
     done, report, out = measured
-    assert [d["name"] for d in report["drafts"]] == ["a", "b"]
-    assert report["num_prompts"] == len(PROMPTS)
+    assert [d["name"] for d in report["drafts"]] == SERVED
     for d in report["drafts"]:
         assert d["differing"] == 0, [(r["output_ids"], p["output_ids"])
                                      for r, p in zip(d["prompts"], report["plain"]["prompts"])]
         assert d["speculative_config"] == {"method": "eagle3", "model": str(Path(d["speculative_config"]["model"])),
                                            "num_speculative_tokens": K}
-        assert d["doctor"]["verdict"] == "OK", d["doctor"]["findings"]
         assert d["overall"]["counts"]["drafts"] > 0  # vLLM really speculated
         assert d["tokens_per_s"] > 0
+    assert [d["doctor"]["verdict"] for d in report["drafts"]] == ["OK", "OK", "MISMATCH"]
     md = (out / "report.md").read_text()
-    assert "| | `a` | `b` |" in md and "acceptance length" in md and "accepted at position 3" in md
+    assert "| | `trained` | `untrained` | `bottom3` |" in md and "acceptance length" in md
+    assert "accepted at position 3" in md
     page = (out / "report.html").read_text()
     assert page.count('<img alt="per-position acceptance" src="data:image/png;base64,') == 1
-    assert "<th>a</th><th>b</th>" in page and "accepted at position 3" in page and "http" not in page
+    assert "<th>trained</th><th>untrained</th><th>bottom3</th>" in page and "accepted at position 3" in page
+    assert "http" not in page
     assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md"]
-    assert [line.split(":")[0] for line in done.stdout.splitlines()[:2]] == ["a", "b"]
+    assert [line.split(":")[0] for line in done.stdout.splitlines()[:3]] == SERVED
     prov = report["provenance"]
     assert prov["vllm_version"] == "0.32.0" and len(prov["prompts"]["sha256"]) == 64
     assert all("model.safetensors" in d["files"] for d in prov["drafts"])
