@@ -21,7 +21,8 @@ goes on where it was, and --variants can be re-served without training again.
 Rows (--variants, comma-separated, or all): `wired` (the last epoch as trained), `epoch<i>` (earlier checkpoints),
 `shift+1` and `shift-1` (aux ids moved by one layer), `bottom3` ([0, 1, 2]), `last3` ([N-3, N-2, N-1]),
 `d2t-absolute` (d2t rewritten as absolute target ids: vLLM fails while serving it), `dropped-names` (the decoder
-layer's tensors under a prefix vLLM does not load: refused); those two are served alone, their line printed. The doctor's verdict comes from pipeline.accept's own run of it.
+layer's tensors under a prefix vLLM does not load: refused); those two are reported by pipeline.accept beside the
+others, not measured. The doctor's verdict comes from pipeline.accept's own run of it.
 """
 from __future__ import annotations
 
@@ -39,9 +40,6 @@ from tests.helpers.drafts import rewire
 from tests.helpers.trainers import speculators_train
 
 REPO = common.REPO
-# Variants vLLM refuses at load (names it drops) or fails on while serving (d2t of absolute ids: an index past the
-# target's vocabulary), each measured in its own accept call.
-ALONE = {"dropped-names", "d2t-absolute"}
 TEMPLATES = [
     "Explain {t} to a beginner in a few sentences.", "What are the main advantages and drawbacks of {t}?",
     "Write a short paragraph about {t}.", "Give three practical tips related to {t}.",
@@ -64,12 +62,12 @@ TOPICS = [
 ]
 
 
-def run(cmd: list[str], log: Path, what: str) -> None:
+def run(cmd: list[str], log: Path, what: str, ok=lambda code: code == 0) -> None:
     t0 = time.perf_counter()
     with log.open("w") as out:
         done = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
     took = time.perf_counter() - t0
-    if done.returncode != 0:
+    if not ok(done.returncode):
         raise SystemExit(f"{what} failed (exit {done.returncode}, {took:.0f} s); its log: {log}\n"
                          + "".join(log.read_text().splitlines(keepends=True)[-15:]))
     print(f"{what}: {took:.0f} s (log {log})", flush=True)
@@ -132,12 +130,17 @@ def variants(wired: Path, epochs: list[Path], num_layers: int, where: Path, want
 
 
 def accept(drafts: dict[str, Path], export: Path, test: Path, out: Path, args, log: Path) -> dict:
+    """One call for every draft: one vLLM refuses or fails on is reported beside the others (exit 2 or 1)."""
+    if out.exists():
+        shutil.rmtree(out)  # this bench's own report, measured anew
     cmd = [sys.executable, "-m", "pipeline.accept", "--serve", "vllm", "--export", str(export), "--prompts", str(test),
            "--out", str(out), "--num-speculative-tokens", str(args.k), "--max-tokens", str(args.accept_tokens),
-           "--dtype", "float32", "--overwrite"]
+           "--dtype", "float32"]
     for path in drafts.values():
         cmd += ["--draft", str(path)]
-    run(cmd, log, f"accept ({len(drafts)} drafts)")
+    # some drafts measured, others refused (2) or failed on (1): the report has both
+    run(cmd, log, f"accept ({len(drafts)} drafts)",
+        ok=lambda code: code == 0 or (code in (1, 2) and (out / "report.json").is_file()))
     return json.loads((out / "report.json").read_text())
 
 
@@ -195,15 +198,6 @@ def main() -> None:
             logs / "train.log", f"train ({args.epochs} epochs)")
     epochs = sorted((p for p in ckpt.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
     drafts = variants(last, epochs, num_layers, work / "variants", set(args.variants.split(",")))
-    refused = {}
-    for name in ALONE & set(drafts):  # vLLM refuses it, or fails on it: measured alone, so the others still are
-        path = drafts.pop(name)
-        done = subprocess.run([py, "-m", "pipeline.accept", "--serve", "vllm", "--export", str(export), "--prompts",
-                               str(test), "--out", str(work / f"accept-{name}"), "--draft", str(path),
-                               "--max-tokens", str(args.accept_tokens), "--num-speculative-tokens", str(args.k),
-                               "--overwrite"], cwd=REPO, capture_output=True, text=True)
-        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")] or ["-"]
-        refused[name] = (done.returncode, errors[-1][:300])
     report = accept(drafts, export, test, work / "accept", args, logs / "accept.log")
 
     by_path = {str(p): name for name, p in drafts.items()}
@@ -220,8 +214,9 @@ def main() -> None:
         al = "-" if o["acceptance_length"] is None else f"{o['acceptance_length']:.3f}"
         print(f"| {by_path.get(prov['path'], d['name'])} | {d['doctor']['verdict']} | {al} | {pp} | "
               f"{d['differing']} of {len(d['prompts'])} |")
-    for name, (code, line) in refused.items():
-        print(f"| {name} | - | {'measured alone: accept-' + name if code == 0 else f'exit {code}: {line}'} |")
+    for f in report["failed"]:
+        print(f"| {by_path.get(f['path'], f['name'])} | {f['doctor']['verdict']} | not measured, exit "
+              f"{f['exit_code']}: {f['error'][:300]} |")
     print(f"\nreport: {work / 'accept' / 'report.html'}")
 
 

@@ -11,7 +11,9 @@ features it was trained on. Writes OUT_DIR/report.json (raw counters per prompt)
 per-position chart, the drafts side by side); a finished report is replaced only with --overwrite.
 
 Exit status (README.md, "Exit codes"): 0 measured; 2 usage errors (a missing file, a draft vLLM refuses, --serve
-sglang); 1 the engine failed at run time.
+sglang); 1 the engine failed at run time. A draft vLLM refuses or fails on does not stop the others: they are measured
+and reported, the failure is in report.json ("failed") and one `error:` line, and the exit status is its own (the worst
+of them); only when no draft can be measured is nothing written.
 """
 from __future__ import annotations
 
@@ -64,7 +66,9 @@ def accept(argv: Sequence[str] | None) -> ExitCode:
               f"tok/s (plain {report['plain']['tokens_per_s']:.1f}), {d['differing']} of {report['num_prompts']} "
               f"outputs differ from plain greedy; doctor: {d['doctor']['verdict']}")
     print(f"report: {args.out.resolve() / 'report.html'} (and report.md, report.json)")
-    return ExitCode.OK
+    for f in report["failed"]:  # measured without them; the worst of their exit codes is the command's
+        print(f"error: {f['error']}", file=sys.stderr)
+    return max((ExitCode(f["exit_code"]) for f in report["failed"]), default=ExitCode.OK)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

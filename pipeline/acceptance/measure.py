@@ -138,25 +138,40 @@ def measure(drafts: Sequence[Path], *, target: Path | None, run: Path | None, ex
     model_dir, ids = plan.model_dir, plan.prompt_ids
     max_len = max(map(len, ids)) + settings.max_tokens + settings.num_speculative_tokens + 1
     with outdir.taken(out, overwrite=overwrite):
-        served = [_serve(model_dir, d, ids, settings, max_len) for d in drafts]  # a draft vLLM refuses: refused early
+        served: dict[Path, dict] = {}
+        failures: dict[Path, UsageError | RunFailed] = {}
+        for d in drafts:  # served before the plain start: a draft vLLM refuses is known early
+            try:
+                served[d] = _serve(model_dir, d, ids, settings, max_len)
+            except (UsageError, RunFailed) as e:  # vLLM refused it or failed on it: the others are still measured
+                failures[d] = e
+        if not served:
+            first = next(iter(failures.values()))
+            raise first if len(failures) == 1 else type(first)(
+                "no draft could be measured: " + "; ".join(str(e) for e in failures.values()))
         plain = _serve(model_dir, None, ids, settings, max_len)
-        report = _report(drafts, served, plain, plan, settings, prompts=prompts, run=run, export=export)
+        report = _report(drafts, served, failures, plain, plan, settings, prompts=prompts, run=run, export=export)
         outdir.write(out, report_json=json.dumps(report, indent=1) + "\n", report_md=markdown(report),
                      report_html=html(report))
     return report
 
 
-def _report(drafts: Sequence[Path], served: list[dict], plain: dict, plan: Plan, settings: Settings, *,
-            prompts: Path, run: Path | None, export: Path | None) -> dict[str, Any]:
+def _report(drafts: Sequence[Path], served: dict[Path, dict], failures: dict[Path, UsageError | RunFailed],
+            plain: dict, plan: Plan, settings: Settings, *, prompts: Path, run: Path | None,
+            export: Path | None) -> dict[str, Any]:
     plain_rows = plain["results"]
-    names = [d.name if [x.name for x in drafts].count(d.name) == 1 else str(d) for d in drafts]
-    per_draft = [_per_draft(n, s, plain_rows, doc) for n, s, doc in zip(names, served, plan.doctors)]
+    names = {d: d.name if [x.name for x in drafts].count(d.name) == 1 else str(d) for d in drafts}
+    doctors = dict(zip(drafts, plan.doctors))
+    per_draft = [_per_draft(names[d], s, plain_rows, doctors[d]) for d, s in served.items()]
+    not_measured = [{"name": names[d], "path": str(d), "exit_code": int(e.exit_code), "error": str(e),
+                     "doctor": doctors[d]} for d, e in failures.items()]
     return {
         "settings": asdict(settings), "num_prompts": len(plan.prompt_ids), "rejected_records": plan.rejected,
         "plain": {"tokens_per_s": fg.rate(sum(len(r["output_ids"]) for r in plain_rows),
                                           sum(r["seconds"] for r in plain_rows)),
                   "prompts": [{"output_ids": r["output_ids"], "seconds": r["seconds"]} for r in plain_rows]},
         "drafts": per_draft,
+        "failed": not_measured,  # drafts vLLM refused or failed on: no figures, the error in one line
         "provenance": {"vllm_version": plain["info"]["framework_version"],
                        "target": {"path": str(plan.model_dir),
                                   "config_sha256": sha256_file(plan.model_dir / "config.json"),
@@ -165,5 +180,5 @@ def _report(drafts: Sequence[Path], served: list[dict], plain: dict, plan: Plan,
                        "prompts": {"path": str(prompts), "sha256": sha256_file(prompts),
                                    "prompt_ids": plan.prompt_ids},
                        "drafts": [{"path": str(d), "files": {f.name: sha256_file(f) for f in sorted(d.iterdir())
-                                                             if f.is_file()}} for d in drafts],
+                                                             if f.is_file()}} for d in served],
                        "environment": plain["info"]["extra"]}}

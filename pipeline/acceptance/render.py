@@ -47,7 +47,8 @@ def markdown(report: dict[str, Any]) -> str:
     drafts = report["drafts"]
     lines = ["| | " + " | ".join(f"`{d['name']}`" for d in drafts) + " |", "|---|" + "---|" * len(drafts)]
     lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows(report)]
-    return "\n".join([f"# {_title(report)}", "", _settings(report), "", *lines, ""])
+    failed = [f"- `{f['name']}` not measured (exit {f['exit_code']}): {f['error']}" for f in report["failed"]]
+    return "\n".join([f"# {_title(report)}", "", _settings(report), "", *lines, "", *failed, *([""] if failed else [])])
 
 
 def chart(report: dict[str, Any]) -> str:
@@ -79,4 +80,5 @@ def chart(report: dict[str, Any]) -> str:
 
 def html(report: dict[str, Any]) -> str:
     return _TEMPLATE.render(title=_title(report), settings=_settings(report), drafts=report["drafts"],
-                            rows=rows(report), chart=Markup(chart(report)), provenance=report["provenance"])
+                            failed=report["failed"], rows=rows(report), chart=Markup(chart(report)),
+                            provenance=report["provenance"])
