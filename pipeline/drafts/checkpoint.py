@@ -63,6 +63,7 @@ class Draft:
     eagle_config_aux_ids: list[int] | None  # `eagle_config.eagle_aux_hidden_state_layer_ids` (None: absent or empty)
     top_level_aux_ids: list[int] | None  # `eagle_aux_hidden_state_layer_ids` at the top level (speculators, vLLM)
     use_aux_hidden_state: bool | None  # `eagle_config.use_aux_hidden_state` (None: absent, the servers' true)
+    eagle_config_from: str  # where the eagle_config a server reads sits in config.json, in words
     num_aux_hidden_states: int | None  # the decoder layer config's explicit aux count
     norm_output: bool | None  # `norm_output` where the draft's format keeps it (None: absent)
     norm_output_from: str  # where it was read, in words
@@ -170,13 +171,17 @@ def read_draft(path: Path) -> Draft:
     fmt = schema_of(config)
     layer = config.obj("transformer_layer_config") if fmt == "speculators" else config
     hidden_size = layer.int("hidden_size", minimum=1)
-    eagle = config.obj("eagle_config", optional=True)
+    # vLLM builds a speculators draft from its transformer_layer_config (speculators/base.py
+    # extract_transformers_pre_trained_config): an eagle_config nested there reaches the server, a top-level one not
+    eagle_from = "transformer_layer_config.eagle_config" if fmt == "speculators" else "eagle_config"
+    eagle = (layer if fmt == "speculators" else config).obj("eagle_config", optional=True)
     archs = config.list("architectures", "str", optional=True) or ["?"]
     typed = dict(vocab_size=layer.int("vocab_size", optional=True, minimum=1),
                  draft_vocab_size=config.int("draft_vocab_size", optional=True, minimum=1),
                  target_hidden_size=config.int("target_hidden_size", optional=True, minimum=1),
                  eagle_config_aux_ids=_aux_ids(eagle), top_level_aux_ids=_aux_ids(config),
                  use_aux_hidden_state=eagle.bool("use_aux_hidden_state", optional=True) if eagle else None,
+                 eagle_config_from=eagle_from,
                  num_aux_hidden_states=layer.int("num_aux_hidden_states", optional=True, minimum=1),
                  norm_before_residual=config.bool("norm_before_residual", optional=True),
                  **_norm_output(config, fmt))

@@ -93,12 +93,13 @@ def check_capture(view: ServerView, features_width: int | None) -> Finding:
                        "builds no EAGLE-3 draft from it; convert it to the SpecForge/SGLang layout "
                        "(LlamaForCausalLMEagle3, eagle_config.eagle_aux_hidden_state_layer_ids) or serve with vLLM")
     if not view.use_aux:
-        return Finding("MISMATCH", "aux-capture", f"eagle_config.use_aux_hidden_state is false: {name} captures no "
+        return Finding("MISMATCH", "aux-capture", f"{view.eagle_config_from}.use_aux_hidden_state is false: {name} "
+                       "captures no "
                        f"aux states and feeds the target's {features_width or 'H'}-wide post-norm last state, which "
                        "skips the draft's fc; the drafter was trained on concatenated aux states: remove "
                        "use_aux_hidden_state or set it true")
     return Finding("OK", "aux-capture", f"{name} switches aux capture on for this draft ({view.draft_class}, "
-                   "eagle_config.use_aux_hidden_state absent or true)")
+                   f"{view.eagle_config_from}.use_aux_hidden_state absent or true)")
 
 
 def check_fc(draft: Draft, view: ServerView, target: Target) -> list[Finding]:

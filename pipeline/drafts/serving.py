@@ -8,9 +8,10 @@ which draft class it builds and the fc input width that class expects. Read from
   aux capture the draft is fed the target's H-wide post-norm state and skips fc (its forward projects only when the
   width differs from the embedding's). It has no reader for speculators' config schema.
 - vLLM 0.32: ids from the top-level `eagle_aux_hidden_state_layer_ids`, else `eagle_config`'s
-  (v1/worker/gpu_model_runner.py `_get_eagle3_aux_layers_from_config`); speculators' config is converted, its
-  top-level ids kept (transformers_utils/configs/speculators/algos.py); same capture switch and defaults; the draft's fc
-  width as SGLang's (model_executor/models/llama_eagle3.py).
+  (v1/worker/gpu_model_runner.py `_get_eagle3_aux_layers_from_config`); speculators' config is converted: the draft
+  is built from its transformer_layer_config, top-level ids kept (transformers_utils/configs/speculators/base.py,
+  algos.py), so its capture switch is `transformer_layer_config.eagle_config.use_aux_hidden_state` (a top-level
+  eagle_config is dropped); same defaults; the draft's fc width as SGLang's (model_executor/models/llama_eagle3.py).
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class ServerView:
     ids: list[int] | None  # the aux ids the server hands the target; None: its defaults
     ids_from: str  # where it reads them, in words
     use_aux: bool
+    eagle_config_from: str  # where the eagle_config this server reads sits in config.json
     num_aux_expected: int  # aux states the server's draft class sizes fc for
     fc_in_expected: int
 
@@ -58,7 +60,7 @@ def _server_ids(draft: Draft, framework: str) -> tuple[list[int] | None, str]:
 
 def _num_aux(draft: Draft) -> int:
     """Both servers: num_aux_hidden_states, else len(eagle_config ids), else 3. A speculators config reaches vLLM
-    converted (its transformer_layer_config plus a few fields): no eagle_config, so its fc is sized for 3."""
+    converted (its transformer_layer_config plus a few fields): only an eagle_config nested there counts."""
     if draft.num_aux_hidden_states:
         return draft.num_aux_hidden_states
     ids = draft.eagle_config_aux_ids
@@ -74,4 +76,5 @@ def view(draft: Draft, framework: str, *, model_type: str, architecture: str | N
     num_aux = _num_aux(draft)
     return ServerView(framework=framework, version=version, version_known=known, numbering=row,
                       draft_class=_DRAFT_CLASSES[(framework, draft.format)], ids=ids, ids_from=where,
-                      use_aux=use_aux, num_aux_expected=num_aux, fc_in_expected=draft.input_width * num_aux)
+                      use_aux=use_aux, eagle_config_from=draft.eagle_config_from, num_aux_expected=num_aux,
+                      fc_in_expected=draft.input_width * num_aux)

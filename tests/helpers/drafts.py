@@ -106,6 +106,8 @@ def make_draft(path: Path, target_config: dict, *, schema: str = "specforge", au
                   "draft_vocab_size": dvocab}
     if schema != "speculators" and (eagle or ids_at == "eagle_config"):
         config["eagle_config"] = eagle
+    if schema == "speculators" and use_aux is not None:  # where vLLM reads it: in the layer config it builds from
+        config["transformer_layer_config"]["eagle_config"] = {"use_aux_hidden_state": use_aux}
     if aux_ids is not None and ids_at in ("top", "both"):
         config["eagle_aux_hidden_state_layer_ids"] = list(aux_ids)
     if schema == "speculators" and aux_ids is not None and ids_at in ("eagle_config", "top", "both"):

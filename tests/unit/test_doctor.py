@@ -172,6 +172,23 @@ def test_aux_capture_off_feeds_h_wide_state(tmp_path, llama, models_root):
     assert "256-wide post-norm last state" in text(found, "aux-capture")
 
 
+def test_aux_capture_off_in_a_speculators_config_is_read_where_vllm_reads_it(tmp_path, llama, models_root):
+    """vLLM builds a speculators draft from transformer_layer_config: the switch nested there turns capture off (the
+    bench measured it), a top-level eagle_config never reaches the server."""
+    target = models_root / "tiny-llama"
+    off = make_draft(tmp_path / "off", llama, schema="speculators", aux_ids=[1, 3, 5], use_aux=False)
+    found = findings(off, serve="vllm", target=target)
+    assert status(found, "aux-capture") == {"MISMATCH"}
+    assert "transformer_layer_config.eagle_config.use_aux_hidden_state is false" in text(found, "aux-capture")
+    on = make_draft(tmp_path / "on", llama, schema="speculators", aux_ids=[1, 3, 5], use_aux=True)
+    assert status(findings(on, serve="vllm", target=target), "aux-capture") == {"OK"}
+    top = make_draft(tmp_path / "top", llama, schema="speculators", aux_ids=[1, 3, 5],
+                     config_extra={"eagle_config": {"use_aux_hidden_state": False}})
+    found = findings(top, serve="vllm", target=target)
+    assert status(found, "aux-capture") == {"OK"}
+    assert "transformer_layer_config.eagle_config.use_aux_hidden_state absent or true" in text(found, "aux-capture")
+
+
 def test_sglang_cannot_read_a_speculators_config(tmp_path, llama, models_root):
     draft = make_draft(tmp_path / "d", llama, schema="speculators", aux_ids=[1, 3, 5])
     found = findings(draft, target=models_root / "tiny-llama")
