@@ -3,6 +3,7 @@ acceptance figures with each draft's doctor verdict beside them.
 
     .venv/bin/python bench/closed_loop.py [--work bench/out/closed_loop] [--prompts 300] [--held-out 24]
         [--max-tokens 96] [--epochs 4] [--draft-vocab 8192] [--k 3] [--accept-tokens 48] [--variants all]
+        [--arms embed,mask-shift,post-norm,capped-ending|all] [--transfer hf,vllm]
 
 Every step is the project's own command line (or the trainer's), run as a user runs it, into --work; a step whose
 result is already there (a finished regeneration, run, export, checkpoint) is not run again, so a rerun after a stop
@@ -18,8 +19,27 @@ goes on where it was, and --variants can be re-served without training again.
   --epochs; every epoch's checkpoint is kept, which gives the training-budget rows for free.
 - Serve every draft with vLLM and measure (pipeline.accept, one call: one start per draft and a plain one).
 
-Rows (--variants, comma-separated, or all): `wired` (the last epoch as trained), `epoch<i>` (earlier checkpoints),
-`shift+1` and `shift-1` (aux ids moved by one layer), `bottom3` ([0, 1, 2]), `last3` ([N-3, N-2, N-1]),
+Trained arms (--arms, comma-separated, or all; each is its own export of the same run, trained with the same flags,
+so a row differs from `wired` in one thing only):
+- `embed`: the features [embed, b2, b15] + bN (vLLM ids [0, 2, 15]), the users' story of a trainer that captured the
+  embedding while the server feeds the next layers: served as trained (`embed-as-trained`) and as the server's
+  default [2, 15, 27] (`embed-served-2,15,27`), measured in a call of its own whose doctor reads that export;
+- `mask-shift`: the loss mask moved one token later (it starts one token into each answer and ends one past it);
+- `post-norm`: the last slot replaced by its final-norm output, so speculators, which normalises it itself, trains
+  on a twice-normalised state (what an export that took the post-norm state would do).
+- `capped-ending`: the regenerated answers as text, re-rendered through the chat template and captured again (vLLM,
+  float32, same points): every answer the target stopped at --max-tokens now ends with the end-of-turn token the
+  template appends, an ending the target never produced there (what a pipeline that keeps text, not token ids, does).
+- `transfer` (--transfer hf,vllm): the same regenerated answers captured again in bfloat16 by each engine named, the
+  gate in warn mode against HF float32 (its divergence at every point printed beside the row), exported and trained
+  as `wired` was, served by vLLM in float32 like every other row: does a draft trained on one engine's numbers lose
+  anything when another engine serves it? (SGLang 0.5.23 cannot capture bN, which speculators' layout needs.)
+The doctor judges every row of the main call against the main export: a draft trained on a mask or a last state that
+is off is wired right, so it cannot see those two; the acceptance figure can.
+
+Served rows (--variants, comma-separated, or all): `wired` (the last epoch as trained), `epoch<i>` (earlier checkpoints),
+`shift+1` and `shift-1` (aux ids moved by one layer; `shift+1@epoch<i>` an earlier checkpoint's), `bottom3` ([0, 1, 2]), `last3` ([N-3, N-2, N-1]), `aux-off`
+(aux capture switched off: `transformer_layer_config.eagle_config.use_aux_hidden_state` false, fc bypassed),
 `d2t-absolute` (d2t rewritten as absolute target ids: vLLM fails while serving it), `dropped-names` (the decoder
 layer's tensors under a prefix vLLM does not load: refused); those two are reported by pipeline.accept beside the
 others, not measured. The doctor's verdict comes from pipeline.accept's own run of it.
@@ -108,6 +128,16 @@ def _with_tensors(src: Path, dst: Path, change) -> Path:
     return dst
 
 
+def _aux_off(src: Path, dst: Path) -> Path:
+    """`src` with aux capture switched off where vLLM reads the switch for a speculators draft (the layer config it
+    builds the draft from): the draft is fed the target's H-wide last state, its fc dropped at load."""
+    _copy(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config["transformer_layer_config"]["eagle_config"] = {"use_aux_hidden_state": False}
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return dst
+
+
 def variants(wired: Path, epochs: list[Path], num_layers: int, where: Path, wanted: set[str]) -> dict[str, Path]:
     import torch
 
@@ -115,9 +145,12 @@ def variants(wired: Path, epochs: list[Path], num_layers: int, where: Path, want
     out: dict[str, Path] = {"wired": wired}
     out |= {f"epoch{e.name}": e for e in epochs[:-1]}
     out["shift+1"] = lambda: rewire(wired, where / "shift+1", [i + 1 for i in ids])
+    for e in epochs[:-1]:  # the budget sweep's other axis: does a shift show earlier in training?
+        out[f"shift+1@epoch{e.name}"] = lambda e=e: rewire(e, where / f"shift+1@epoch{e.name}", [i + 1 for i in ids])
     out["shift-1"] = lambda: rewire(wired, where / "shift-1", [i - 1 for i in ids])
     out["bottom3"] = lambda: rewire(wired, where / "bottom3", [0, 1, 2])
     out["last3"] = lambda: rewire(wired, where / "last3", [num_layers - 3, num_layers - 2, num_layers - 1])
+    out["aux-off"] = lambda: _aux_off(wired, where / "aux-off")
     out["d2t-absolute"] = lambda: _with_tensors(wired, where / "d2t-absolute", lambda t: {
         **t, "d2t": t["d2t"] + torch.arange(t["d2t"].numel(), dtype=t["d2t"].dtype)})
     out["dropped-names"] = lambda: _with_tensors(wired, where / "dropped-names", lambda t: {
@@ -127,6 +160,118 @@ def variants(wired: Path, epochs: list[Path], num_layers: int, where: Path, want
         if "all" in wanted or name in wanted or (name.startswith("epoch") and "epochs" in wanted):
             chosen[name] = make() if callable(make) else make
     return chosen
+
+
+def _mask_shifted(export: Path, dst: Path) -> Path:
+    """A copy of `export` whose loss mask is one token later: position i takes position i-1's flag."""
+    import pyarrow as pa
+
+    _copy(export, dst)
+    arrow = next(dst.glob("*.arrow"))
+    with pa.OSFile(str(arrow), "rb") as f:
+        table = pa.ipc.open_stream(f).read_all()
+    masks = [[0] + m[:-1] for m in table.column("loss_mask").to_pylist()]
+    table = table.set_column(table.schema.get_field_index("loss_mask"), "loss_mask",
+                             pa.array(masks, type=table.schema.field("loss_mask").type))
+    with pa.OSFile(str(arrow), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return dst
+
+
+def _post_norm_last(export: Path, dst: Path, model: Path) -> Path:
+    """A copy of `export` whose last slot went through the target's final RMSNorm (weights and eps from `model`)."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    _copy(export, dst)
+    eps = json.loads((model / "config.json").read_text())["rms_norm_eps"]
+    with safe_open(str(model / "model.safetensors"), "pt") as f:
+        weight = f.get_tensor("model.norm.weight").float()
+    for path in sorted((dst / "hidden_states").glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+        hs = tensors["hidden_states"]
+        last = hs[:, -1].float()
+        normed = last * torch.rsqrt(last.pow(2).mean(-1, keepdim=True) + eps) * weight
+        tensors["hidden_states"] = torch.cat([hs[:, :-1], normed.to(hs.dtype)[:, None]], dim=1)
+        save_file(tensors, str(path), metadata=meta)
+    return dst
+
+
+def _as_text(regen: Path, dst: Path) -> Path:
+    """The regeneration's conversations as chat records with the answers as text (the token ids and the end reason
+    dropped): what a pipeline that stores text hands its extractor."""
+    import pyarrow.parquet as pq
+
+    rows = []
+    for part in sorted((regen / "records").glob("*.parquet")):
+        for record in pq.read_table(part).to_pylist():
+            turn = record["turns"][-1]
+            rows.append({"messages": json.loads(turn["messages"]) + [{"role": "assistant", "content": turn["text"]}]})
+    dst.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return dst
+
+
+def arm_exports(run_dir: Path, export: Path, model: Path, work: Path, wanted: set[str], draft_vocab: int,
+                regen: Path) -> dict[str, Path]:
+    """Each trained arm's export, made once (a rerun finds it)."""
+    arms: dict[str, Path] = {}
+    for name in ("embed", "mask-shift", "post-norm", "capped-ending"):
+        if "all" not in wanted and name not in wanted:
+            continue
+        dst = work / "arms" / name / "export"
+        if not (dst / "export.json").is_file():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if name == "embed":
+                run([sys.executable, "-m", "pipeline.export", str(run_dir), "--format", "speculators", "--out",
+                     str(dst), "--aux", "embed,2,15", "--draft-vocab", str(draft_vocab)],
+                    work / "logs" / "export-embed.log", "export (embed arm)")
+            elif name == "mask-shift":
+                _mask_shifted(export, dst)
+            elif name == "capped-ending":
+                text_run = dst.parent / "run"
+                if not (text_run / "manifest.json").is_file():
+                    data = _as_text(regen, dst.parent / "as_text.jsonl")
+                    run([sys.executable, "-m", "pipeline.extract", "model=smollm2", "engine=vllm",
+                         "engine.dtype=float32", "gate.mode=off", f"data.path={data}", f"out_dir={text_run}",
+                         "capture.points=[2,15,27,last]", f"hydra.run.dir={dst.parent / 'extract.hydra'}"],
+                        work / "logs" / "extract-capped-ending.log", "extract (capped-ending arm)")
+                run([sys.executable, "-m", "pipeline.export", str(text_run), "--format", "speculators", "--out",
+                     str(dst), "--draft-vocab", str(draft_vocab)], work / "logs" / "export-capped-ending.log",
+                    "export (capped-ending arm)")
+            else:
+                _post_norm_last(export, dst, model)
+        arms[name] = dst
+    return arms
+
+
+def transfer_exports(regen: Path, work: Path, engines: list[str], draft_vocab: int) -> dict[str, tuple[Path, dict]]:
+    """Per engine: (its bf16 capture's export, the gate's summary against HF float32 from the run's manifest)."""
+    out = {}
+    for engine in engines:
+        root = work / "transfer" / f"{engine}-bf16"
+        run_dir, export = root / "run", root / "export"
+        if not (run_dir / "manifest.json").is_file():
+            root.mkdir(parents=True, exist_ok=True)
+            run([sys.executable, "-m", "pipeline.extract", "model=smollm2", f"engine={engine}", "engine.dtype=bfloat16",
+                 "diff.reference=hf@float32", "gate.mode=warn", f"data.path={regen}", f"out_dir={run_dir}",
+                 "capture.points=[2,15,27,last]", f"hydra.run.dir={root / 'extract.hydra'}"],
+                work / "logs" / f"extract-{engine}-bf16.log", f"extract ({engine}, bfloat16)")
+        if not (export / "export.json").is_file():
+            run([sys.executable, "-m", "pipeline.export", str(run_dir), "--format", "speculators", "--out", str(export),
+                 "--draft-vocab", str(draft_vocab)], work / "logs" / f"export-{engine}-bf16.log",
+                f"export ({engine}, bfloat16)")
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        out[f"{engine}-bf16"] = (export, _gate_summary(manifest))
+    return out
+
+
+def _gate_summary(manifest: dict) -> dict:
+    """The gate's figures for each pair, as the run's manifest records them (provenance.diff)."""
+    diff = manifest["provenance"].get("diff") or {}
+    return {"status": diff.get("status"), **{pair: {k: v[k] for k in ("worst_rel_l2", "kl", "top1", "status") if k in v}
+                                             for pair, v in (diff.get("pairs") or {}).items()}}
 
 
 def accept(drafts: dict[str, Path], export: Path, test: Path, out: Path, args, log: Path) -> dict:
@@ -160,6 +305,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3, help="speculative tokens when serving")
     ap.add_argument("--accept-tokens", type=int, default=48, help="tokens generated per held-out prompt")
     ap.add_argument("--variants", default="all")
+    ap.add_argument("--arms", default="", help="trained variants: embed, mask-shift, post-norm, capped-ending (or all)")
+    ap.add_argument("--transfer", default="", help="engines whose bf16 captures train a draft each: hf, vllm")
     args = ap.parse_args()
 
     from pipeline.factory.tiny import ensure_model
@@ -183,38 +330,64 @@ def main() -> None:
     if not (run_dir / "manifest.json").is_file():
         run([py, "-m", "pipeline.extract", "model=smollm2", "engine=vllm", "engine.dtype=float32",
              "diff.reference=hf@float32", f"data.path={regen}", f"out_dir={run_dir}",
-             "capture.points=[2,15,27,last]", f"hydra.run.dir={logs / 'extract.hydra'}"],
+             "capture.points=[embed,2,15,27,last]", f"hydra.run.dir={logs / 'extract.hydra'}"],
             logs / "extract.log", "extract")
     export = work / "export"
     if not (export / "export.json").is_file():
         run([py, "-m", "pipeline.export", str(run_dir), "--format", "speculators", "--out", str(export),
-             "--draft-vocab", str(args.draft_vocab)], logs / "export.log", "export")
+             "--aux", "2,15,27", "--draft-vocab", str(args.draft_vocab)], logs / "export.log", "export")
+
+    def trained(data: Path, ckpt: Path, what: str) -> Path:
+        last = ckpt / str(args.epochs - 1)
+        if not (last / "config.json").is_file():
+            run(speculators_train(model, data, ckpt, epochs=args.epochs, total_seq_len=args.total_seq_len,
+                                  lr=args.lr, ttt_steps=args.k, num_workers=1, log_dir=ckpt.parent / "train-logs",
+                                  extra=("--optimizer", args.optimizer, "--seed", "0")),
+                logs / f"train-{what}.log", f"train {what} ({args.epochs} epochs)")
+        return last
+
+    # the arms' exports before any training: one that cannot be made is known in seconds
+    arms = arm_exports(run_dir, export, model, work, set(filter(None, args.arms.split(","))), args.draft_vocab,
+                       regen)
+    transfer = transfer_exports(regen, work, list(filter(None, args.transfer.split(","))), args.draft_vocab)
     ckpt = work / "ckpt"
-    last = ckpt / str(args.epochs - 1)
-    if not (last / "config.json").is_file():
-        run(speculators_train(model, export, ckpt, epochs=args.epochs, total_seq_len=args.total_seq_len, lr=args.lr,
-                              ttt_steps=args.k, num_workers=1, log_dir=logs / "train",
-                              extra=("--optimizer", args.optimizer)),
-            logs / "train.log", f"train ({args.epochs} epochs)")
+    last = trained(export, ckpt, "wired")
+    trained_arms: dict[str, Path] = {}
+    for name, (data, gate) in transfer.items():
+        trained_arms[name] = trained(data, data.parent / "ckpt", name)
+        print(f"{name} capture, gate against HF float32: {json.dumps(gate)[:600]}", flush=True)
+    trained_arms |= {name: trained(data, data.parent / "ckpt", name) for name, data in arms.items()}
     epochs = sorted((p for p in ckpt.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
     drafts = variants(last, epochs, num_layers, work / "variants", set(args.variants.split(",")))
-    report = accept(drafts, export, test, work / "accept", args, logs / "accept.log")
+    drafts |= {name: path for name, path in trained_arms.items() if name != "embed"}
+    reports = [accept(drafts, export, test, work / "accept", args, logs / "accept.log")]
+    names = {str(p): name for name, p in drafts.items()}
+    if "embed" in trained_arms:
+        # its own call: the doctor reads the features this draft was trained on
+        embed = {"embed-as-trained": trained_arms["embed"],
+                 "embed-served-2,15,27": rewire(trained_arms["embed"], work / "variants" / "embed-served", [2, 15, 27])}
+        reports.append(accept(embed, arms["embed"], test, work / "accept-embed", args, logs / "accept-embed.log"))
+        names |= {str(p): name for name, p in embed.items()}
+    table(reports, names, args, work, time.perf_counter() - t_all)
 
-    by_path = {str(p): name for name, p in drafts.items()}
+
+def table(reports: list[dict], by_path: dict[str, str], args, work: Path, took: float) -> None:
+    report = reports[0]
     print(f"\nclosed loop: SmolLM2-135M-Instruct, {args.prompts} regenerated prompts, {args.epochs} epochs, "
           f"K={args.k}, {report['num_prompts']} held-out prompts x {args.accept_tokens} tokens, float32; "
-          f"{time.perf_counter() - t_all:.0f} s in all")
+          f"{took:.0f} s in all; tokens/s plain {report['plain']['tokens_per_s']:.1f}")
     head = f"| draft | doctor | acceptance length | {' | '.join(f'pos {i + 1}' for i in range(args.k))} | " \
-           "differs from greedy |"
+           "differs from greedy | tokens/s |"
     print(head)
-    print("|" + "---|" * (5 + args.k - 1))
-    for d, prov in zip(report["drafts"], report["provenance"]["drafts"]):
+    print("|" + "---|" * (6 + args.k - 1))
+    rows = [(d, prov) for r in reports for d, prov in zip(r["drafts"], r["provenance"]["drafts"])]
+    for d, prov in rows:
         o = d["overall"]
         pp = " | ".join(f"{v:.3f}" for v in (o["per_position"] or [0.0] * args.k))
         al = "-" if o["acceptance_length"] is None else f"{o['acceptance_length']:.3f}"
         print(f"| {by_path.get(prov['path'], d['name'])} | {d['doctor']['verdict']} | {al} | {pp} | "
-              f"{d['differing']} of {len(d['prompts'])} |")
-    for f in report["failed"]:
+              f"{d['differing']} of {len(d['prompts'])} | {d['tokens_per_s']:.1f} |")
+    for f in (f for r in reports for f in r["failed"]):
         print(f"| {by_path.get(f['path'], f['name'])} | {f['doctor']['verdict']} | not measured, exit "
               f"{f['exit_code']}: {f['error'][:300]} |")
     print(f"\nreport: {work / 'accept' / 'report.html'}")
