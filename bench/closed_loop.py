@@ -3,7 +3,7 @@ acceptance figures with each draft's doctor verdict beside them.
 
     .venv/bin/python bench/closed_loop.py [--work bench/out/closed_loop] [--prompts 300] [--held-out 24]
         [--max-tokens 96] [--epochs 4] [--draft-vocab 8192] [--k 3] [--accept-tokens 48] [--variants all]
-        [--arms embed,mask-shift,post-norm,capped-ending|all] [--transfer hf,vllm]
+        [--arms embed,mask-shift,post-norm,capped-ending,original|all] [--transfer hf,vllm]
 
 Every step is the project's own command line (or the trainer's), run as a user runs it, into --work; a step whose
 result is already there (a finished regeneration, run, export, checkpoint) is not run again, so a rerun after a stop
@@ -30,6 +30,10 @@ so a row differs from `wired` in one thing only):
 - `capped-ending`: the regenerated answers as text, re-rendered through the chat template and captured again (vLLM,
   float32, same points): every answer the target stopped at --max-tokens now ends with the end-of-turn token the
   template appends, an ending the target never produced there (what a pipeline that keeps text, not token ids, does).
+- `original`: two drafts on the bundled conversations alone (those whose first user turn is not held out), trained
+  alike: `original-answers` on the answers the dataset ships (written by others: what a trainer fed a public chat set
+  learns), `target-answers` on the target's own answers to the same conversations (regenerated, every assistant turn
+  in order, --original-max-tokens): how much does training on the target's own words buy at equal data?
 - `transfer` (--transfer hf,vllm): the same regenerated answers captured again in bfloat16 by each engine named, the
   gate in warn mode against HF float32 (its divergence at every point printed beside the row), exported and trained
   as `wired` was, served by vLLM in float32 like every other row: does a draft trained on one engine's numbers lose
@@ -56,7 +60,7 @@ import time
 from pathlib import Path
 
 import common  # noqa: F401 - puts the repository root on sys.path (bench.*, pipeline.*, tests.helpers.*)
-from tests.helpers.drafts import rewire
+from tests.helpers.drafts import copy_with, rewire
 from tests.helpers.trainers import speculators_train
 
 REPO = common.REPO
@@ -119,25 +123,6 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def _with_tensors(src: Path, dst: Path, change) -> Path:
-    from safetensors.torch import load_file, save_file
-
-    _copy(src, dst)
-    tensors = load_file(str(dst / "model.safetensors"))
-    save_file(change(tensors), str(dst / "model.safetensors"), metadata={"format": "pt"})
-    return dst
-
-
-def _aux_off(src: Path, dst: Path) -> Path:
-    """`src` with aux capture switched off where vLLM reads the switch for a speculators draft (the layer config it
-    builds the draft from): the draft is fed the target's H-wide last state, its fc dropped at load."""
-    _copy(src, dst)
-    config = json.loads((dst / "config.json").read_text())
-    config["transformer_layer_config"]["eagle_config"] = {"use_aux_hidden_state": False}
-    (dst / "config.json").write_text(json.dumps(config, indent=2))
-    return dst
-
-
 def variants(wired: Path, epochs: list[Path], num_layers: int, where: Path, wanted: set[str]) -> dict[str, Path]:
     import torch
 
@@ -150,10 +135,13 @@ def variants(wired: Path, epochs: list[Path], num_layers: int, where: Path, want
     out["shift-1"] = lambda: rewire(wired, where / "shift-1", [i - 1 for i in ids])
     out["bottom3"] = lambda: rewire(wired, where / "bottom3", [0, 1, 2])
     out["last3"] = lambda: rewire(wired, where / "last3", [num_layers - 3, num_layers - 2, num_layers - 1])
-    out["aux-off"] = lambda: _aux_off(wired, where / "aux-off")
-    out["d2t-absolute"] = lambda: _with_tensors(wired, where / "d2t-absolute", lambda t: {
+    # where vLLM reads the switch for a speculators draft (the layer config it builds the draft from): the draft is fed
+    # the target's H-wide last state, its fc dropped at load
+    out["aux-off"] = lambda: copy_with(wired, where / "aux-off", config=lambda c: c["transformer_layer_config"].update(
+        eagle_config={"use_aux_hidden_state": False}))
+    out["d2t-absolute"] = lambda: copy_with(wired, where / "d2t-absolute", tensors=lambda t: {
         **t, "d2t": t["d2t"] + torch.arange(t["d2t"].numel(), dtype=t["d2t"].dtype)})
-    out["dropped-names"] = lambda: _with_tensors(wired, where / "dropped-names", lambda t: {
+    out["dropped-names"] = lambda: copy_with(wired, where / "dropped-names", tensors=lambda t: {
         (f"draft_model.{k}" if k.startswith("layers.") else k): v for k, v in t.items()})
     chosen = {}
     for name, make in out.items():
@@ -213,6 +201,47 @@ def _as_text(regen: Path, dst: Path) -> Path:
     return dst
 
 
+def _bundled_not_held_out(test: Path, dst: Path) -> Path:
+    """The bundled conversations as they ship (their own answers), less those whose first user turn is a held-out
+    prompt."""
+    held_out = {json.loads(line)["messages"][0]["content"] for line in test.read_text().splitlines()}
+    bundled = REPO / "pipeline" / "data" / "bundled" / "conversations.jsonl"
+    kept = [line for line in bundled.read_text().splitlines()
+            if next((m["content"] for m in json.loads(line)["messages"] if m.get("role") == "user"), None)
+            not in held_out]
+    dst.write_text("".join(line + "\n" for line in kept))
+    return dst
+
+
+def _extract_export(data: Path, root: Path, work: Path, what: str, draft_vocab: int) -> Path:
+    """`data` (chat records or a regeneration) captured as the main run was (vLLM, float32, [2,15,27,last]; the gate
+    already judged these engines on the main run) and exported; each step skipped when its result is there."""
+    run_dir, export = root / "run", root / "export"
+    if not (run_dir / "manifest.json").is_file():
+        run([sys.executable, "-m", "pipeline.extract", "model=smollm2", "engine=vllm", "engine.dtype=float32",
+             "gate.mode=off", f"data.path={data}", f"out_dir={run_dir}", "capture.points=[2,15,27,last]",
+             f"hydra.run.dir={root / 'extract.hydra'}"], work / "logs" / f"extract-{what}.log", f"extract ({what})")
+    if not (export / "export.json").is_file():
+        run([sys.executable, "-m", "pipeline.export", str(run_dir), "--format", "speculators", "--out", str(export),
+             "--draft-vocab", str(draft_vocab)], work / "logs" / f"export-{what}.log", f"export ({what})")
+    return export
+
+
+def original_exports(test: Path, work: Path, draft_vocab: int, max_tokens: int) -> dict[str, Path]:
+    """The `original` arm's two exports: the bundled conversations' own answers, and the target's answers to them."""
+    root = work / "arms" / "original"
+    root.mkdir(parents=True, exist_ok=True)
+    data = _bundled_not_held_out(test, root / "bundled.jsonl")
+    regen = root / "regen"
+    if not (regen / "manifest.json").is_file():
+        run([sys.executable, "-m", "pipeline.regenerate", "model=smollm2", "engine=vllm", "engine.dtype=float32",
+             f"data.path={data}", f"out_dir={regen}", f"sampling.max_tokens={max_tokens}",
+             f"hydra.run.dir={root / 'regen.hydra'}"], work / "logs" / "regenerate-original.log",
+            "regenerate (original arm)")
+    return {"original-answers": _extract_export(data, root / "answers", work, "original-answers", draft_vocab),
+            "target-answers": _extract_export(regen, root / "target", work, "target-answers", draft_vocab)}
+
+
 def arm_exports(run_dir: Path, export: Path, model: Path, work: Path, wanted: set[str], draft_vocab: int,
                 regen: Path) -> dict[str, Path]:
     """Each trained arm's export, made once (a rerun finds it)."""
@@ -230,16 +259,8 @@ def arm_exports(run_dir: Path, export: Path, model: Path, work: Path, wanted: se
             elif name == "mask-shift":
                 _mask_shifted(export, dst)
             elif name == "capped-ending":
-                text_run = dst.parent / "run"
-                if not (text_run / "manifest.json").is_file():
-                    data = _as_text(regen, dst.parent / "as_text.jsonl")
-                    run([sys.executable, "-m", "pipeline.extract", "model=smollm2", "engine=vllm",
-                         "engine.dtype=float32", "gate.mode=off", f"data.path={data}", f"out_dir={text_run}",
-                         "capture.points=[2,15,27,last]", f"hydra.run.dir={dst.parent / 'extract.hydra'}"],
-                        work / "logs" / "extract-capped-ending.log", "extract (capped-ending arm)")
-                run([sys.executable, "-m", "pipeline.export", str(text_run), "--format", "speculators", "--out",
-                     str(dst), "--draft-vocab", str(draft_vocab)], work / "logs" / "export-capped-ending.log",
-                    "export (capped-ending arm)")
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                _extract_export(_as_text(regen, dst.parent / "as_text.jsonl"), dst.parent, work, name, draft_vocab)
             else:
                 _post_norm_last(export, dst, model)
         arms[name] = dst
@@ -305,7 +326,10 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3, help="speculative tokens when serving")
     ap.add_argument("--accept-tokens", type=int, default=48, help="tokens generated per held-out prompt")
     ap.add_argument("--variants", default="all")
-    ap.add_argument("--arms", default="", help="trained variants: embed, mask-shift, post-norm, capped-ending (or all)")
+    ap.add_argument("--arms", default="",
+                    help="trained variants: embed, mask-shift, post-norm, capped-ending, original (or all)")
+    ap.add_argument("--original-max-tokens", type=int, default=256,
+                    help="the target's answer length when regenerating the bundled conversations (original arm)")
     ap.add_argument("--transfer", default="", help="engines whose bf16 captures train a draft each: hf, vllm")
     args = ap.parse_args()
 
@@ -347,8 +371,10 @@ def main() -> None:
         return last
 
     # the arms' exports before any training: one that cannot be made is known in seconds
-    arms = arm_exports(run_dir, export, model, work, set(filter(None, args.arms.split(","))), args.draft_vocab,
-                       regen)
+    wanted = set(filter(None, args.arms.split(",")))
+    arms = arm_exports(run_dir, export, model, work, wanted, args.draft_vocab, regen)
+    if "all" in wanted or "original" in wanted:
+        arms |= original_exports(test, work, args.draft_vocab, args.original_max_tokens)
     transfer = transfer_exports(regen, work, list(filter(None, args.transfer.split(","))), args.draft_vocab)
     ckpt = work / "ckpt"
     last = trained(export, ckpt, "wired")

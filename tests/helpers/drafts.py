@@ -121,13 +121,25 @@ def make_draft(path: Path, target_config: dict, *, schema: str = "specforge", au
     return path
 
 
-def rewire(src: Path, dst: Path, aux_ids: list[int]) -> Path:
-    """A copy of speculators-format draft `src` at `dst` whose config names other aux ids (its weights unchanged): the
-    same draft served with other target layers."""
+def copy_with(src: Path, dst: Path, *, config=None, tensors=None) -> Path:
+    """A copy of draft directory `src` at `dst` (replaced if there) with `config(dict) -> None` applied to its
+    config.json and `tensors(dict) -> dict` to its model.safetensors: the same draft with one thing changed."""
     if dst.exists():
         shutil.rmtree(dst)
     shutil.copytree(src, dst)
-    config = json.loads((dst / "config.json").read_text())
-    config["eagle_aux_hidden_state_layer_ids"] = list(aux_ids)
-    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    if config is not None:
+        edited = json.loads((dst / "config.json").read_text())
+        config(edited)
+        (dst / "config.json").write_text(json.dumps(edited, indent=2))
+    if tensors is not None:
+        from safetensors.torch import load_file
+
+        save_file(tensors(load_file(str(dst / "model.safetensors"))), str(dst / "model.safetensors"),
+                  metadata={"format": "pt"})
     return dst
+
+
+def rewire(src: Path, dst: Path, aux_ids: list[int]) -> Path:
+    """A copy of speculators-format draft `src` at `dst` whose config names other aux ids (its weights unchanged): the
+    same draft served with other target layers."""
+    return copy_with(src, dst, config=lambda c: c.update(eagle_aux_hidden_state_layer_ids=list(aux_ids)))
