@@ -17,7 +17,8 @@ goes on where it was, and --variants can be re-served without training again.
 - Export to speculators' layout with --draft-vocab (token frequencies, d2t/t2d written by the export).
 - Train with speculators 0.9's own CLI through the CPU shim (tests/exports/drivers/speculators_cpu.py): one layer,
   --epochs; every epoch's checkpoint is kept, which gives the training-budget rows for free.
-- Serve every draft with vLLM and measure (pipeline.accept, one call: one start per draft and a plain one).
+- Serve every draft with vLLM and measure (pipeline.accept, one call: one start per draft and a plain one), into
+  --work/accept-<UTC time> (a rerun adds its own: no measurement is replaced).
 
 Trained arms (--arms, comma-separated, or all; each is its own export of the same run, trained with the same flags,
 so a row differs from `wired` in one thing only):
@@ -297,8 +298,6 @@ def _gate_summary(manifest: dict) -> dict:
 
 def accept(drafts: dict[str, Path], export: Path, test: Path, out: Path, args, log: Path) -> dict:
     """One call for every draft: one vLLM refuses or fails on is reported beside the others (exit 2 or 1)."""
-    if out.exists():
-        shutil.rmtree(out)  # this bench's own report, measured anew
     cmd = [sys.executable, "-m", "pipeline.accept", "--serve", "vllm", "--export", str(export), "--prompts", str(test),
            "--out", str(out), "--num-speculative-tokens", str(args.k), "--max-tokens", str(args.accept_tokens),
            "--dtype", "float32"]
@@ -386,18 +385,20 @@ def main() -> None:
     epochs = sorted((p for p in ckpt.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
     drafts = variants(last, epochs, num_layers, work / "variants", set(args.variants.split(",")))
     drafts |= {name: path for name, path in trained_arms.items() if name != "embed"}
-    reports = [accept(drafts, export, test, work / "accept", args, logs / "accept.log")]
+    stamp = time.strftime("%Y%m%d-%H%M%S")  # every measurement kept: a rerun serving other variants adds its own
+    reports = [accept(drafts, export, test, work / f"accept-{stamp}", args, logs / f"accept-{stamp}.log")]
     names = {str(p): name for name, p in drafts.items()}
     if "embed" in trained_arms:
         # its own call: the doctor reads the features this draft was trained on
         embed = {"embed-as-trained": trained_arms["embed"],
                  "embed-served-2,15,27": rewire(trained_arms["embed"], work / "variants" / "embed-served", [2, 15, 27])}
-        reports.append(accept(embed, arms["embed"], test, work / "accept-embed", args, logs / "accept-embed.log"))
+        reports.append(accept(embed, arms["embed"], test, work / f"accept-embed-{stamp}", args,
+                              logs / f"accept-embed-{stamp}.log"))
         names |= {str(p): name for name, p in embed.items()}
-    table(reports, names, args, work, time.perf_counter() - t_all)
+    table(reports, names, args, work / f"accept-{stamp}", time.perf_counter() - t_all)
 
 
-def table(reports: list[dict], by_path: dict[str, str], args, work: Path, took: float) -> None:
+def table(reports: list[dict], by_path: dict[str, str], args, report_dir: Path, took: float) -> None:
     report = reports[0]
     print(f"\nclosed loop: SmolLM2-135M-Instruct, {args.prompts} regenerated prompts, {args.epochs} epochs, "
           f"K={args.k}, {report['num_prompts']} held-out prompts x {args.accept_tokens} tokens, float32; "
@@ -416,7 +417,7 @@ def table(reports: list[dict], by_path: dict[str, str], args, work: Path, took: 
     for f in (f for r in reports for f in r["failed"]):
         print(f"| {by_path.get(f['path'], f['name'])} | {f['doctor']['verdict']} | not measured, exit "
               f"{f['exit_code']}: {f['error'][:300]} |")
-    print(f"\nreport: {work / 'accept' / 'report.html'}")
+    print(f"\nreport: {report_dir / 'report.html'}")
 
 
 if __name__ == "__main__":
