@@ -214,14 +214,17 @@ def _bundled_not_held_out(test: Path, dst: Path) -> Path:
     return dst
 
 
-def _extract_export(data: Path, root: Path, work: Path, what: str, draft_vocab: int) -> Path:
-    """`data` (chat records or a regeneration) captured as the main run was (vLLM, float32, [2,15,27,last]; the gate
-    already judged these engines on the main run) and exported; each step skipped when its result is there."""
+def _extract_export(data: Path, root: Path, work: Path, what: str, draft_vocab: int,
+                    engine: tuple[str, ...] = ("engine=vllm", "engine.dtype=float32", "gate.mode=off")) -> Path:
+    """`data` (chat records or a regeneration) captured at [2,15,27,last] (by default as the main run was: vLLM,
+    float32, the gate off as it already judged these engines there) and exported; each step skipped when its result is
+    there."""
     run_dir, export = root / "run", root / "export"
     if not (run_dir / "manifest.json").is_file():
-        run([sys.executable, "-m", "pipeline.extract", "model=smollm2", "engine=vllm", "engine.dtype=float32",
-             "gate.mode=off", f"data.path={data}", f"out_dir={run_dir}", "capture.points=[2,15,27,last]",
-             f"hydra.run.dir={root / 'extract.hydra'}"], work / "logs" / f"extract-{what}.log", f"extract ({what})")
+        root.mkdir(parents=True, exist_ok=True)
+        run([sys.executable, "-m", "pipeline.extract", "model=smollm2", *engine, f"data.path={data}",
+             f"out_dir={run_dir}", "capture.points=[2,15,27,last]", f"hydra.run.dir={root / 'extract.hydra'}"],
+            work / "logs" / f"extract-{what}.log", f"extract ({what})")
     if not (export / "export.json").is_file():
         run([sys.executable, "-m", "pipeline.export", str(run_dir), "--format", "speculators", "--out", str(export),
              "--draft-vocab", str(draft_vocab)], work / "logs" / f"export-{what}.log", f"export ({what})")
@@ -260,7 +263,6 @@ def arm_exports(run_dir: Path, export: Path, model: Path, work: Path, wanted: se
             elif name == "mask-shift":
                 _mask_shifted(export, dst)
             elif name == "capped-ending":
-                dst.parent.mkdir(parents=True, exist_ok=True)
                 _extract_export(_as_text(regen, dst.parent / "as_text.jsonl"), dst.parent, work, name, draft_vocab)
             else:
                 _post_norm_last(export, dst, model)
@@ -273,18 +275,10 @@ def transfer_exports(regen: Path, work: Path, engines: list[str], draft_vocab: i
     out = {}
     for engine in engines:
         root = work / "transfer" / f"{engine}-bf16"
-        run_dir, export = root / "run", root / "export"
-        if not (run_dir / "manifest.json").is_file():
-            root.mkdir(parents=True, exist_ok=True)
-            run([sys.executable, "-m", "pipeline.extract", "model=smollm2", f"engine={engine}", "engine.dtype=bfloat16",
-                 "diff.reference=hf@float32", "gate.mode=warn", f"data.path={regen}", f"out_dir={run_dir}",
-                 "capture.points=[2,15,27,last]", f"hydra.run.dir={root / 'extract.hydra'}"],
-                work / "logs" / f"extract-{engine}-bf16.log", f"extract ({engine}, bfloat16)")
-        if not (export / "export.json").is_file():
-            run([sys.executable, "-m", "pipeline.export", str(run_dir), "--format", "speculators", "--out", str(export),
-                 "--draft-vocab", str(draft_vocab)], work / "logs" / f"export-{engine}-bf16.log",
-                f"export ({engine}, bfloat16)")
-        manifest = json.loads((run_dir / "manifest.json").read_text())
+        export = _extract_export(regen, root, work, f"{engine}-bf16", draft_vocab,
+                                 (f"engine={engine}", "engine.dtype=bfloat16", "diff.reference=hf@float32",
+                                  "gate.mode=warn"))
+        manifest = json.loads((root / "run" / "manifest.json").read_text())
         out[f"{engine}-bf16"] = (export, _gate_summary(manifest))
     return out
 
