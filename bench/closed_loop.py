@@ -3,7 +3,7 @@ acceptance figures with each draft's doctor verdict beside them.
 
     .venv/bin/python bench/closed_loop.py [--work bench/out/closed_loop] [--prompts 300] [--held-out 24]
         [--max-tokens 96] [--epochs 4] [--draft-vocab 8192] [--k 3] [--accept-tokens 48] [--variants all]
-        [--arms embed,mask-shift,post-norm,capped-ending,original|all] [--transfer hf,vllm]
+        [--arms embed,mask-shift,post-norm,capped-ending,original|all] [--transfer hf,vllm,sglang]
 
 Every step is the project's own command line (or the trainer's), run as a user runs it, into --work; a step whose
 result is already there (a finished regeneration, run, export, checkpoint) is not run again, so a rerun after a stop
@@ -35,10 +35,11 @@ so a row differs from `wired` in one thing only):
   alike: `original-answers` on the answers the dataset ships (written by others: what a trainer fed a public chat set
   learns), `target-answers` on the target's own answers to the same conversations (regenerated, every assistant turn
   in order, --original-max-tokens): how much does training on the target's own words buy at equal data?
-- `transfer` (--transfer hf,vllm): the same regenerated answers captured again in bfloat16 by each engine named, the
-  gate in warn mode against HF float32 (its divergence at every point printed beside the row), exported and trained
+- `transfer` (--transfer hf,vllm,sglang): the same regenerated answers captured again in bfloat16 by each engine
+  named, the gate in warn mode against HF float32 (its divergence at every point printed beside the row), exported and trained
   as `wired` was, served by vLLM in float32 like every other row: does a draft trained on one engine's numbers lose
-  anything when another engine serves it? (SGLang 0.5.23 cannot capture bN, which speculators' layout needs.)
+  anything when another engine serves it? SGLang 0.5.23 cannot capture bN: its run takes final_norm instead,
+  exported with --last final_norm (divided by the final-norm weight, which speculators' own norm maps back).
 The doctor judges every row of the main call against the main export: a draft trained on a mask or a last state that
 is off is wired right, so it cannot see those two; the acceptance figure can.
 
@@ -215,19 +216,21 @@ def _bundled_not_held_out(test: Path, dst: Path) -> Path:
 
 
 def _extract_export(data: Path, root: Path, work: Path, what: str, draft_vocab: int,
-                    engine: tuple[str, ...] = ("engine=vllm", "engine.dtype=float32", "gate.mode=off")) -> Path:
-    """`data` (chat records or a regeneration) captured at [2,15,27,last] (by default as the main run was: vLLM,
+                    engine: tuple[str, ...] = ("engine=vllm", "engine.dtype=float32", "gate.mode=off"),
+                    last: str = "last") -> Path:
+    """`data` (chat records or a regeneration) captured at [2,15,27,<last>] (by default as the main run was: vLLM,
     float32, the gate off as it already judged these engines there) and exported; each step skipped when its result is
-    there."""
+    there. `last` final_norm (SGLang cannot capture bN): exported with --last final_norm."""
     run_dir, export = root / "run", root / "export"
     if not (run_dir / "manifest.json").is_file():
         root.mkdir(parents=True, exist_ok=True)
         run([sys.executable, "-m", "pipeline.extract", "model=smollm2", *engine, f"data.path={data}",
-             f"out_dir={run_dir}", "capture.points=[2,15,27,last]", f"hydra.run.dir={root / 'extract.hydra'}"],
+             f"out_dir={run_dir}", f"capture.points=[2,15,27,{last}]", f"hydra.run.dir={root / 'extract.hydra'}"],
             work / "logs" / f"extract-{what}.log", f"extract ({what})")
     if not (export / "export.json").is_file():
         run([sys.executable, "-m", "pipeline.export", str(run_dir), "--format", "speculators", "--out", str(export),
-             "--draft-vocab", str(draft_vocab)], work / "logs" / f"export-{what}.log", f"export ({what})")
+             "--draft-vocab", str(draft_vocab), *(("--last", last) if last != "last" else ())],
+            work / "logs" / f"export-{what}.log", f"export ({what})")
     return export
 
 
@@ -277,7 +280,7 @@ def transfer_exports(regen: Path, work: Path, engines: list[str], draft_vocab: i
         root = work / "transfer" / f"{engine}-bf16"
         export = _extract_export(regen, root, work, f"{engine}-bf16", draft_vocab,
                                  (f"engine={engine}", "engine.dtype=bfloat16", "diff.reference=hf@float32",
-                                  "gate.mode=warn"))
+                                  "gate.mode=warn"), last="final_norm" if engine == "sglang" else "last")
         manifest = json.loads((root / "run" / "manifest.json").read_text())
         out[f"{engine}-bf16"] = (export, _gate_summary(manifest))
     return out
@@ -323,7 +326,7 @@ def main() -> None:
                     help="trained variants: embed, mask-shift, post-norm, capped-ending, original (or all)")
     ap.add_argument("--original-max-tokens", type=int, default=256,
                     help="the target's answer length when regenerating the bundled conversations (original arm)")
-    ap.add_argument("--transfer", default="", help="engines whose bf16 captures train a draft each: hf, vllm")
+    ap.add_argument("--transfer", default="", help="engines whose bf16 captures train a draft each: hf, vllm, sglang")
     args = ap.parse_args()
 
     from pipeline.factory.tiny import ensure_model

@@ -5,7 +5,10 @@ Writes a finished, verified run in the layout a trainer reads as it is (pipeline
 `capture.points` takes them: canonical labels or boundaries (b3,b31,b59 or [3,31,59]), or with `--convention` a
 framework's native ids, translated for the run's model as `capture.convention` is (--aux 2,30,58 --convention
 specforge is b3,b31,b59). The defaults are the run's aux points (its boundaries between b0 and bN) and the last state
-the layout needs (speculators: bN; SpecForge: final_norm). A rerun completes a partial export.
+the layout needs (speculators: bN; SpecForge: final_norm). A run without bN (SGLang cannot capture it) exports to
+speculators with `--last final_norm`: the last slot is final_norm divided by the target's final-norm weight, which
+speculators' own norm maps back to final_norm (checked on every sample; pipeline/exports/unnorm.py). A rerun completes
+a partial export.
 
 Exit status (README.md, "Exit codes"): 0 exported (or already complete); 2 usage errors and runs that cannot satisfy
 the layout; 3 a run that does not verify; 1 an I/O error (a rerun resumes); each one line.
@@ -38,7 +41,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="aux points as capture.points takes them: b3,b31,b59 or [3,31,59]")
     parser.add_argument("--convention", default="canonical", choices=FRAMEWORKS,
                         help="the numbering --aux is written in, as capture.convention (default: canonical)")
-    parser.add_argument("--last", default=None, help="the last slot's point (must be the one the layout needs)")
+    parser.add_argument("--last", default=None,
+                        help="the last slot's point (the one the layout needs; speculators also takes final_norm, "
+                             "written divided by the final-norm weight, for runs without bN: SGLang's)")
     parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                         help="speculators: also write token_freq.pt and d2t-N.npy/t2d-N.npy for the N most frequent "
                              "trained tokens, as speculators' own data preparation would")

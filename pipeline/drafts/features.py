@@ -140,6 +140,9 @@ def check_final_norm(draft: Draft, target: Target) -> Finding:
         return Finding("MISMATCH", "final-norm", f"the export is in the {feats.trainer_format} layout (last slot "
                        f"{feats.last.label if feats.last else '?'}) but this {draft.format} draft is trained by "
                        f"{trainer} ({why}): export the run with --format {trainer}")
+    if feats.last_unnormed and trainer == "speculators" and feats.last is not None and feats.last.is_final_norm:
+        return Finding("OK", "final-norm", f"{feats.source}'s last slot is final_norm divided by the final-norm "
+                       f"weight (--last final_norm): {why}, and that norm maps it back to final_norm")
     if feats.last is not None and feats.last != need_point:
         return Finding("MISMATCH", "final-norm", f"the export's last slot is {feats.last.label} but {why}; "
                        f"{'the norm is applied twice' if feats.last.is_final_norm else 'the norm is never applied'}")

@@ -33,6 +33,7 @@ class Features:
     run_points: list[Point]
     trainer_format: str | None  # the export's layout (speculators | specforge), None for a bare run
     source: str  # where these facts came from, for messages
+    last_unnormed: bool = False  # the last slot is final_norm divided by the final-norm weight (export --last)
 
 
 @dataclass(kw_only=True)
@@ -156,10 +157,12 @@ def from_export(target: Target, export_dir: Path) -> None:
     aux = _points([point for role, point in slots if role == "aux"], target.num_layers, where)
     last = _points([point for role, point in slots if role == "last"], target.num_layers, where)
     trainer_format = sidecar.str("format", optional=True)
+    last_state = sidecar.obj("last_state", optional=True)
     target.features = Features(aux=aux, last=last[0] if last else None, trainer_format=trainer_format,
                                run_points=_points(sidecar.list("run_points", "str", optional=True) or [],
                                                   target.num_layers, where),
-                               source=f"export {export_dir} ({trainer_format})")
+                               source=f"export {export_dir} ({trainer_format})",
+                               last_unnormed=bool(last_state and last_state.bool("derived", optional=True)))
     target.sources.append(f"export {export_dir}")
 
 

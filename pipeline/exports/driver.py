@@ -1,10 +1,10 @@
 """Export a finished, verified run in a trainer's layout: resumable, atomic per file, memory bounded by one shard.
 
-Order of work: read the manifest; choose the slots (slots.py; the last state is never guessed); stop if OUT already
-holds this export complete; verify the run (a run that does not verify is refused); hold OUT (one export at a time)
-and claim it (fresh or resume); write every sample's file not already there, each to a temp file renamed when
-complete (a killed export leaves only `.*.tmp` files, which no trainer lists and the next run removes); the layout's
-own index files; `export.json` last.
+Order of work: read the manifest; choose the slots (slots.py; the last state is never guessed, and derived only
+when asked: unnorm.py); stop if OUT already holds this export complete; verify the run (a run that does not verify is
+refused); hold OUT (one export at a time) and claim it (fresh or resume); write every sample's file not already there,
+each to a temp file renamed when complete (a killed export leaves only `.*.tmp` files, which no trainer lists and the
+next run removes); the layout's own index files; `export.json` last.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from pipeline.exports.base import Exporter, ExportSample
 from pipeline.exports.progress import ExportProgress
 from pipeline.exports.sidecar import build, claim, export_layout, finish, hold, plan_record, status
 from pipeline.exports.slots import ExportError, RunDoesNotVerify, SlotPlan, plan_slots
+from pipeline.exports.unnorm import Unnorm
 from pipeline.shards.layout import run_conflict
 from pipeline.shards.manifest import ManifestError, read_manifest
 from pipeline.shards.reader import RunReader
@@ -63,7 +64,7 @@ def _samples(reader: RunReader) -> Iterator[tuple[int, str, int]]:
 
 
 def _write_samples(reader: RunReader, exporter: Exporter, plan: SlotPlan, out: Path,
-                   progress: ExportProgress) -> None:
+                   progress: ExportProgress, unnorm: Unnorm | None) -> None:
     num_shards, previous = len(reader.entries), None
     for index, sample_id, shard in _samples(reader):
         if previous is not None and shard != previous:
@@ -74,8 +75,11 @@ def _write_samples(reader: RunReader, exporter: Exporter, plan: SlotPlan, out: P
             progress.sample(num_tokens=len(reader.tokens(sample_id)["input_ids"]), num_bytes=0, skipped=True)
             continue
         row = reader[sample_id]
+        hidden = row["hidden_states"]
+        if unnorm is not None:
+            hidden = unnorm.apply(hidden, plan.last_index, sample_id)
         sample = ExportSample(index=index, sample_id=sample_id, input_ids=row["input_ids"],
-                              loss_mask=row["loss_mask"], hidden_TPH=row["hidden_states"])
+                              loss_mask=row["loss_mask"], hidden_TPH=hidden)
         with atomic_path(path) as tmp:  # its fault points stand in for a crash at any sample (pipeline.core.faults)
             exporter.write_sample(tmp, sample, plan)
         progress.sample(num_tokens=sample.input_ids.shape[0], num_bytes=path.stat().st_size, skipped=False)
@@ -105,6 +109,7 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
         raise ExportError(f"run {run_dir}: its manifest's provenance has no model.num_layers, so bN is unknown")
     plan = plan_slots(exporter.layout, run_points=manifest["points"], num_layers=num_layers, aux=aux, last=last)
     record = plan_record(run_dir, manifest, exporter.layout, plan)
+    unnorm = Unnorm.of_run(manifest, run_dir) if plan.last_unnormed else None  # before anything is written
     files, target_vocab = exporter.files, None
     if draft_vocab is not None:
         if exporter.layout.name != "speculators":
@@ -131,10 +136,12 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
             return complete
         export_layout(files).remove_stale_temps(out)
         with RunReader(run_dir) as reader, progress:
-            _write_samples(reader, exporter, plan, out, progress)
+            _write_samples(reader, exporter, plan, out, progress, unnorm)
             index_files = exporter.finish(out, _tokens(reader))
             if draft_vocab is not None:
                 sidecar["draft_vocab"] = vocab.write(out, _tokens(reader), draft_vocab, target_vocab)
+        if unnorm is not None:
+            sidecar["last_state"] |= unnorm.record()
         sidecar["files"] = {"num_samples": progress.written + progress.skipped,
                             "first_sample": _rel(exporter.sample_file(out, 0), out),
                             "index_files": [_rel(p, out) for p in index_files]}

@@ -36,7 +36,8 @@ def plan_record(run_dir: Path, manifest: Mapping[str, Any], layout: TrainerLayou
     return {"format": layout.name, "trainer": layout.trainer,
             "run_manifest_sha256": sha256_file(Path(run_dir) / shard_layout.MANIFEST_NAME),
             "run_provenance_digest": manifest.get("provenance_digest"),
-            "slots": [p.label for p in plan.points]}
+            "slots": [p.label for p in plan.points],
+            **({"last_unnormed": True} if plan.last_unnormed else {})}  # absent otherwise: earlier plans unchanged
 
 
 def build(run_dir: Path, manifest: Mapping[str, Any], layout: TrainerLayout, plan: SlotPlan,
@@ -58,8 +59,9 @@ def build(run_dir: Path, manifest: Mapping[str, Any], layout: TrainerLayout, pla
         "run_dir": str(Path(run_dir).resolve()), "run_points": manifest["points"], "dtype": storage.capture_dtype,
         "hidden_size": manifest["hidden_size"], "num_samples": manifest["num_samples"],
         "num_tokens": manifest["num_tokens"], "model": {"model_type": model_type, "num_layers": num_layers},
-        "slots": slots, "last_state": {"point": plan.last.label, "why": layout.why_last,
-                                        "derived": False, "how": how},
+        "slots": slots, "last_state": {"point": plan.last.label, "derived": plan.last_unnormed, "how": how,
+                                        "why": layout.why_last + ("; divided by that norm's weight, final_norm is read "
+                                                                  "back as itself" if plan.last_unnormed else "")},
         "storage": {**storage.to_dict(), "rounding_rel_l2": (manifest.get("storage") or {}).get("rounding_rel_l2")},
         "serving": serving_ids(plan, model_type=model_type, num_layers=num_layers),
         "pickle": layout.name == "specforge",

@@ -3,8 +3,13 @@
 A trainer layout says how many aux states it takes and which state its last slot must hold (`TrainerLayout`). The
 last state is never guessed: speculators applies the verifier's final norm to its last slot itself (so it needs bN,
 the last layer's output before the norm), SpecForge's target head is the bare lm_head (so it needs final_norm). A run
-that did not capture the needed one is refused with how to capture it; nothing is derived (bN cannot be recovered
-from final_norm, and final_norm recomputed from bN would only be a claim about the engine's own norm kernel).
+that did not capture the needed one is refused with how to capture it; nothing is derived unasked (bN cannot be
+recovered from final_norm, and final_norm recomputed from bN would only be a claim about the engine's own norm kernel).
+
+One derivation is exact and offered when asked (`--last final_norm` in speculators' layout, for engines that cannot
+capture bN: SGLang): speculators reads its last slot only as `lm_head(norm(x))`, and x = final_norm / w (w the
+checkpoint's final-norm weight) has mean(x^2) = 1, so its RMSNorm gives back the engine's own final_norm (to eps/2
+relatively). The export writes that x, checks it on every sample and records it in its sidecar (`last_state`).
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ class TrainerLayout:
     num_aux: int | None  # None: any K >= 1
     last: str  # LAST_BOUNDARY or FINAL_NORM
     why_last: str  # what the trainer does with the last slot, in words (goes into errors and the sidecar)
+    unnorms_final_norm: bool = False  # reads its last slot only through the final norm: --last final_norm is exact
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +53,9 @@ class SlotPlan:
     last: Point
     aux_index: tuple[int, ...]  # positions in the run's points
     last_index: int
+    # the last slot holds `last` (final_norm) divided by the checkpoint's final-norm weight: what a layout that
+    # normalises its last slot itself (speculators) reads back as final_norm
+    last_unnormed: bool = False
 
     @property
     def points(self) -> tuple[Point, ...]:
@@ -102,15 +111,23 @@ def plan_slots(layout: TrainerLayout, *, run_points: Sequence[str], num_layers: 
     """Choose the slots; ExportError names what is wrong and how to get a run that fits."""
     captured = _parse(run_points, num_layers, "run manifest points")
     need = _last_point(layout, num_layers)
+    unnormed = False
     if last is not None:
         (asked,) = _parse([last], num_layers, "--last")
-        if asked != need:
+        # only where the state the layout reads is missing: a captured bN is copied as it is, never derived
+        unnormed = asked != need and asked.is_final_norm and layout.unnorms_final_norm and need not in captured
+        if asked != need and not unnormed:
             raise ExportError(f"--last {asked.label}: the {layout.name} layout's last slot must be {need.label} "
                               f"({layout.why_last}); another state there would be read as {need.label}, silently")
+        if unnormed:
+            need = asked
     if need not in captured:
+        offer = (f"; or, from a run with final_norm, --last final_norm writes final_norm divided by the final-norm "
+                 f"weight, which {layout.name}'s own norm maps back to final_norm exactly"
+                 if layout.unnorms_final_norm and not unnormed else "")
         raise ExportError(f"run has no {need.label} (captured: {', '.join(p.label for p in captured)}); the "
                           f"{layout.name} layout needs it as its last slot ({layout.why_last}) and it is not derived "
-                          f"from another point; {_engines_for(layout.last)}")
+                          f"from another point; {_engines_for(need.label if unnormed else layout.last)}{offer}")
     chosen = default_aux(captured, num_layers) if aux is None else _parse(aux, num_layers, "--aux")
     try:
         chosen = canonical_order(chosen)
@@ -118,7 +135,7 @@ def plan_slots(layout: TrainerLayout, *, run_points: Sequence[str], num_layers: 
         raise ExportError(f"--aux: {exc}") from None
     _check_aux(layout, chosen, captured, need, explicit=aux is not None)
     return SlotPlan(aux=tuple(chosen), last=need, aux_index=tuple(captured.index(p) for p in chosen),
-                    last_index=captured.index(need))
+                    last_index=captured.index(need), last_unnormed=unnormed)
 
 
 def _check_aux(layout: TrainerLayout, chosen: list[Point], captured: list[Point], need: Point, *,
@@ -164,14 +181,17 @@ def serving_ids(plan: SlotPlan, *, model_type: str, num_layers: int) -> dict[str
         out[framework] = {"aux_layer_ids": aux["ids"], "last": last_id,
                           **({"aux_error": aux["error"]} if "error" in aux else {})}
     if plan.last.is_final_norm:
-        out["sglang"]["note"] = "eagle3 layers_to_capture; the last slot is SGLang's post-norm output (no layer id)"
-        out["vllm"]["note"] = "id k = boundary k; the last slot is vLLM's post-norm output (no layer id)"
+        how = (" divided by the final-norm weight (the trainer's target, never fed to a draft)"
+               if plan.last_unnormed else " (no layer id)")
+        out["sglang"]["note"] = f"eagle3 layers_to_capture; the last slot is SGLang's post-norm output{how}"
+        out["vllm"]["note"] = f"id k = boundary k; the last slot is vLLM's post-norm output{how}"
     else:
         # A server feeds a draft only its aux states; the last slot is the trainer's target, which no server feeds.
         feeds = (f"SGLang feeds a draft only its aux states (aux_layer_ids {out['sglang']['aux_layer_ids']})"
                  if out["sglang"]["aux_layer_ids"] is not None else
                  "SGLang feeds a draft only its aux states, and cannot select these (aux_error)")
         out["sglang"]["note"] = (f"{feeds}; the last slot bN is the trainer's target, never fed to a draft; SGLang "
-                                 "0.5.23 cannot capture bN (last is null), so capture it with HF or vLLM")
+                                 "0.5.23 cannot capture bN (last is null): capture it with HF or vLLM, or export an "
+                                 "SGLang run's final_norm with --last final_norm")
         out["vllm"]["note"] = "id k = boundary k (0 = embedding output, N = last layer output before the norm)"
     return out

@@ -25,7 +25,8 @@ from pipeline.exports.slots import LAST_BOUNDARY, SlotPlan, TrainerLayout
 
 LAYOUT = TrainerLayout(name="speculators", trainer="speculators==0.9.0", num_aux=None, last=LAST_BOUNDARY,
                        why_last="speculators applies the verifier's final norm to the last slot itself, so it must "
-                                "be the last layer's output before the norm")
+                                "be the last layer's output before the norm",
+                       unnorms_final_norm=True)  # it reads the last slot only as lm_head(norm(x)) (eagle3/core.py)
 HIDDEN_DIR = "hidden_states"
 ARROW_FILE = "data-00000-of-00001.arrow"  # the names datasets' save_to_disk gives a one-file dataset
 STATE_FILE = "state.json"

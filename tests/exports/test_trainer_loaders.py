@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline.shards.reader import RunReader
-from tests.exports.conftest import cli, read_all, trainer
+from tests.exports.conftest import cli, extract, read_all, trainer
 
 pytestmark = pytest.mark.integration
 RUNS = ("llama", "kimi", "resumed", "fp8")
@@ -118,3 +118,38 @@ def test_sidecar_names_every_slot_in_sglang_and_vllm_numbering(kimi_run, tmp_pat
     assert spec["serving"]["sglang"]["last"] is None and "cannot capture bN" in note and "only its aux states" in note
     assert "with vLLM" not in note, note
     assert spec["serving"]["vllm"]["last"] == 8 and spec["pickle"] is False
+
+
+def test_speculators_reads_final_norm_divided_by_the_norm_weight_as_the_engines_final_norm(llama_run, tmp_path,
+                                                                                          models_root):
+    """A run without bN (what SGLang captures) exported with --last final_norm: speculators' own loader reads the
+    derived last slot, and its norm (lm_head(norm(x)) is all it does with it) gives the captured final_norm back, so
+    its targets are the tokens the bN export of the same samples gives."""
+    from pipeline.models.checkpoint import CheckpointTensors
+
+    run = extract(tmp_path / "run", "model=tiny_llama", "capture.points=[1,3,5,final_norm]", "data.limit=4")
+    refused = cli("pipeline.export", str(run), "--format", "speculators", "--out", str(tmp_path / "refused"))
+    assert refused.returncode == 2 and "--last final_norm" in refused.stderr and not (tmp_path / "refused").exists()
+    sidecar = _export(run, tmp_path / "export", "speculators", "--last", "final_norm")
+    last_state = sidecar["last_state"]
+    assert [s["point"] for s in sidecar["slots"]] == ["b1", "b3", "b5", "final_norm"] and last_state["derived"]
+    assert last_state["round_trip"]["samples_checked"] == 4 and last_state["round_trip"]["worst_rel_l2"] < 8e-3
+    result, loaded = trainer("speculators", "load", tmp_path / "export", tmp_path / "result")
+    got = read_all(loaded)
+    checkpoint = CheckpointTensors(models_root / "tiny-llama")
+    head = checkpoint.head_weight.float()
+    with RunReader(llama_run) as bn_run:  # the same samples, captured with bN
+        by_id = {s["sample_id"]: s for s in bn_run.iter_samples()}
+        bn_index = bn_run.points.index("b6")
+    samples, points = _expected(run)
+    assert result["num_rows"] == len(samples) == 4
+    for i, (sample_id, _, _, hidden) in enumerate(samples):
+        last = got[f"s{i}.verifier_last_hidden_states"]
+        assert last.dtype == hidden.dtype == torch.bfloat16
+        final = hidden[:, points.index("final_norm")].float()
+        back = checkpoint.final_norm(last)
+        assert float((back - final).norm() / final.norm()) < 8e-3, sample_id
+        assert torch.equal(got[f"s{i}.hidden_states"], hidden[:, :3].flatten(1)), sample_id  # aux slots copied
+        targets = (back @ head.T).argmax(-1)
+        from_bn = (checkpoint.final_norm(by_id[sample_id]["hidden_states"][:, bn_index]) @ head.T).argmax(-1)
+        assert (targets == from_bn).float().mean() > 0.95, sample_id

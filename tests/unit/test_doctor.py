@@ -47,13 +47,15 @@ def run_dir(path: Path, *, points, model_type="llama", architecture="LlamaForCau
     return path
 
 
-def export_dir(path: Path, *, fmt, aux, last, run_points, model_type="llama", num_layers=6, hidden=256) -> Path:
+def export_dir(path: Path, *, fmt, aux, last, run_points, model_type="llama", num_layers=6, hidden=256,
+               derived=False) -> Path:
     """An export's sidecar as pipeline.exports.sidecar writes it (the fields the doctor reads)."""
     path.mkdir(parents=True, exist_ok=True)
     slots = [{"slot": i, "role": "aux", "point": p} for i, p in enumerate(aux)]
     slots.append({"slot": len(aux), "role": "last", "point": last})
     (path / "export.json").write_text(json.dumps({
         "format": fmt, "slots": slots, "run_points": run_points, "hidden_size": hidden,
+        "last_state": {"point": last, "derived": derived},
         "model": {"model_type": model_type, "num_layers": num_layers}, "run_dir": str(path / "gone")}))
     return path
 
@@ -262,6 +264,24 @@ def test_final_norm_of_the_trainer_against_the_export(tmp_path, llama):
     no_last = run_dir(tmp_path / "run", points=["b1", "b3", "b5", "final_norm"])
     found = findings(spec, serve="vllm", run=no_last)
     assert status(found, "final-norm") == {"MISMATCH"} and "holds no b6" in text(found, "final-norm")
+
+
+def test_final_norm_divided_by_the_norm_weight_is_what_speculators_reads_back(tmp_path, llama):
+    """`pipeline.export --last final_norm` (a run without bN): OK for a speculators draft; the same slot not marked
+    derived is a post-norm state the trainer normalises again; a SpecForge draft is told to use its own layout."""
+    spec = make_draft(tmp_path / "spec", llama, schema="speculators", aux_ids=[1, 3, 5])
+    points = ["b1", "b3", "b5", "final_norm"]
+    unnormed = export_dir(tmp_path / "e1", fmt="speculators", aux=["b1", "b3", "b5"], last="final_norm",
+                          run_points=points, derived=True)
+    found = findings(spec, serve="vllm", export=unnormed)
+    assert status(found, "final-norm") == {"OK"} and "divided by the final-norm weight" in text(found, "final-norm")
+    post_norm = export_dir(tmp_path / "e2", fmt="speculators", aux=["b1", "b3", "b5"], last="final_norm",
+                           run_points=points)
+    found = findings(spec, serve="vllm", export=post_norm)
+    assert status(found, "final-norm") == {"MISMATCH"} and "the norm is applied twice" in text(found, "final-norm")
+    forge = make_draft(tmp_path / "forge", llama, schema="specforge", aux_ids=[1, 3, 5])
+    found = findings(forge, serve="vllm", export=unnormed)
+    assert status(found, "final-norm") == {"MISMATCH"} and "--format specforge" in text(found, "final-norm")
 
 
 @pytest.mark.parametrize("value,ok,needle", [

@@ -32,6 +32,21 @@ def test_a_missing_last_state_is_refused_never_substituted(layout, points, needl
     assert "not derived" in str(err.value)
 
 
+def test_speculators_takes_final_norm_divided_by_the_norm_weight_only_when_asked_and_bn_is_missing():
+    sglang = ["b1", "b4", "b7", "final_norm"]  # what SGLang can capture: no bN
+    with pytest.raises(ExportError, match="--last final_norm writes final_norm divided by the final-norm weight"):
+        plan_slots(SPECULATORS, run_points=sglang, num_layers=8)
+    plan = plan_slots(SPECULATORS, run_points=sglang, num_layers=8, last="final_norm")
+    assert [p.label for p in plan.points] == ["b1", "b4", "b7", "final_norm"] and plan.last_unnormed
+    assert plan.last_index == 3 and not plan_slots(SPECULATORS, run_points=KIMI, num_layers=8).last_unnormed
+    with pytest.raises(ExportError, match="must be b8"):  # a run with bN: bN is copied as it is, never derived
+        plan_slots(SPECULATORS, run_points=KIMI, num_layers=8, last="final_norm")
+    with pytest.raises(ExportError, match="must be final_norm"):  # no derivation the other way
+        plan_slots(SPECFORGE, run_points=["b1", "b4", "b7", "b8"], num_layers=8, last="b8")
+    ids = serving_ids(plan, model_type="deepseek_v3", num_layers=8)
+    assert "divided by the final-norm weight" in ids["vllm"]["note"] and ids["vllm"]["aux_layer_ids"] == [1, 4, 7]
+
+
 @pytest.mark.parametrize("layout, kwargs, needle", [
     (SPECFORGE, {"aux": ["b1", "b4"]}, "exactly 3 aux states, got 2"),
     (SPECFORGE, {"aux": ["b1", "b4", "b7", "b0"]}, "exactly 3 aux states, got 4"),

@@ -1,0 +1,74 @@
+"""`--last final_norm` in a layout that applies the target's final norm to its last slot itself (speculators).
+
+Such a trainer reads its last slot x only as lm_head(RMSNorm(x)). With w the checkpoint's final-norm weight,
+x = final_norm / w has mean(x^2) = 1 (final_norm = w * bN / rms(bN)), so RMSNorm(x) = w * x / sqrt(1 + eps) gives
+back the engine's own final_norm to eps/2 relatively: the trainer's targets are the logits the engine computed. The
+last layer's output bN itself is not recovered (only its direction is), and nothing else in the trainer reads it.
+Every sample is checked as written: the trainer's norm of the stored slot against the captured final_norm.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from pipeline.exports.slots import ExportError
+from pipeline.models.checkpoint import CheckpointError, CheckpointTensors
+
+
+class Unnorm:
+    """final_norm -> final_norm / w for one run's checkpoint, with the worst round trip seen."""
+
+    def __init__(self, checkpoint: CheckpointTensors, hidden_size: int) -> None:
+        try:
+            self.weight = checkpoint.norm_weight
+        except CheckpointError as exc:
+            raise ExportError(f"--last final_norm: {exc}") from None
+        where = f"{checkpoint.path}: {checkpoint.norm_name}"
+        if tuple(self.weight.shape) != (hidden_size,):
+            raise ExportError(f"--last final_norm: {where} has shape {tuple(self.weight.shape)}, the run's states "
+                              f"are {hidden_size} wide")
+        if (zeros := int((self.weight == 0).sum())) > 0:
+            raise ExportError(f"--last final_norm: {where} has {zeros} zero entries, where final_norm / w is undefined "
+                              "(capture bN instead: engine=hf or engine=vllm)")
+        self.checkpoint, self.where = checkpoint, where
+        self.worst_rel_l2, self.checked = 0.0, 0
+
+    @classmethod
+    def of_run(cls, manifest: Mapping[str, Any], run_dir: Path) -> "Unnorm":
+        """The checkpoint the run captured (its manifest's model path), which must still be there."""
+        path = ((manifest.get("provenance") or {}).get("model") or {}).get("path")
+        if not path or not (Path(path) / "config.json").is_file():
+            raise ExportError(f"--last final_norm divides by the target's final-norm weight, read from the checkpoint "
+                              f"run {run_dir} captured, but its model path {path!r} holds no config.json")
+        return cls(CheckpointTensors(path), int(manifest["hidden_size"]))
+
+    def tolerance(self, dtype: torch.dtype) -> float:
+        """Storing x in the capture dtype rounds it (one ulp at most per value) and eps shifts the norm by eps/2."""
+        return torch.finfo(dtype).eps + 2 * self.checkpoint.eps
+
+    def apply(self, hidden_TPH: torch.Tensor, index: int, sample_id: str) -> torch.Tensor:
+        """A copy of `hidden_TPH` whose point `index` (final_norm) is divided by w, checked through the trainer's
+        norm; ExportError when the round trip is off (the states are not this checkpoint's final_norm)."""
+        final = hidden_TPH[:, index].float()
+        out = hidden_TPH.clone()
+        out[:, index] = (final / self.weight).to(hidden_TPH.dtype)
+        back = self.checkpoint.final_norm(out[:, index])
+        rel = float((back - final).norm() / final.norm().clamp_min(torch.finfo(torch.float32).tiny))
+        if rel > (tol := self.tolerance(hidden_TPH.dtype)):
+            raise ExportError(f"sample {sample_id}: the trainer's norm of final_norm / w is {rel:.2e} (rel L2) from "
+                              f"the captured final_norm, over {tol:.1e}: the run's final_norm is not {self.where} "
+                              "applied to its last layer; nothing of this sample was written")
+        self.worst_rel_l2 = max(self.worst_rel_l2, rel)
+        self.checked += 1
+        return out
+
+    def record(self) -> dict[str, Any]:
+        """The sidecar's last_state entries for this slot."""
+        digest = hashlib.sha256(self.weight.numpy().tobytes()).hexdigest()
+        return {"how": f"the run's final_norm divided by the final-norm weight ({self.where}) in float32, stored in "
+                       "the capture dtype; the trainer's own norm maps it back to final_norm",
+                "norm_weight_float32_sha256": digest, "rms_norm_eps": self.checkpoint.eps,
+                "round_trip": {"samples_checked": self.checked, "worst_rel_l2": self.worst_rel_l2}}
