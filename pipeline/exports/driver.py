@@ -109,7 +109,6 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
         raise ExportError(f"run {run_dir}: its manifest's provenance has no model.num_layers, so bN is unknown")
     plan = plan_slots(exporter.layout, run_points=manifest["points"], num_layers=num_layers, aux=aux, last=last)
     record = plan_record(run_dir, manifest, exporter.layout, plan)
-    unnorm = Unnorm.of_run(manifest, run_dir) if plan.last_unnormed else None  # before anything is written
     files, target_vocab = exporter.files, None
     if draft_vocab is not None:
         if exporter.layout.name != "speculators":
@@ -126,6 +125,7 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
                             bytes_written=0, seconds=0.0)
     if status(out, record) == "complete":  # checked before the (full-read) verification: nothing to do
         return complete
+    unnorm = Unnorm.of_run(manifest, run_dir) if plan.last_unnormed else None  # before anything is written
     if (why := unusable_dir(out)) is not None:  # a path through a regular file, a read-only directory
         raise ExportError(f"--out {out} {why}")
     if verify:
