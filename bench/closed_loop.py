@@ -174,16 +174,15 @@ def _post_norm_last(export: Path, dst: Path, model: Path) -> Path:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
+    from pipeline.models.checkpoint import CheckpointTensors
+
     _copy(export, dst)
-    eps = json.loads((model / "config.json").read_text())["rms_norm_eps"]
-    with safe_open(str(model / "model.safetensors"), "pt") as f:
-        weight = f.get_tensor("model.norm.weight").float()
+    checkpoint = CheckpointTensors(model)
     for path in sorted((dst / "hidden_states").glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
             meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
         hs = tensors["hidden_states"]
-        last = hs[:, -1].float()
-        normed = last * torch.rsqrt(last.pow(2).mean(-1, keepdim=True) + eps) * weight
+        normed = checkpoint.final_norm(hs[:, -1])
         tensors["hidden_states"] = torch.cat([hs[:, :-1], normed.to(hs.dtype)[:, None]], dim=1)
         save_file(tensors, str(path), metadata=meta)
     return dst
@@ -227,11 +226,15 @@ def _extract_export(data: Path, root: Path, work: Path, what: str, draft_vocab: 
         run([sys.executable, "-m", "pipeline.extract", "model=smollm2", *engine, f"data.path={data}",
              f"out_dir={run_dir}", f"capture.points=[2,15,27,{last}]", f"hydra.run.dir={root / 'extract.hydra'}"],
             work / "logs" / f"extract-{what}.log", f"extract ({what})")
-    if not (export / "export.json").is_file():
-        run([sys.executable, "-m", "pipeline.export", str(run_dir), "--format", "speculators", "--out", str(export),
-             "--draft-vocab", str(draft_vocab), *(("--last", last) if last != "last" else ())],
-            work / "logs" / f"export-{what}.log", f"export ({what})")
-    return export
+    return _export(run_dir, export, work, what, draft_vocab, *(("--last", last) if last != "last" else ()))
+
+
+def _export(run_dir: Path, out: Path, work: Path, what: str, draft_vocab: int, *extra: str) -> Path:
+    """`run_dir` exported to speculators' layout with its draft vocabulary, unless `out` already holds it."""
+    if not (out / "export.json").is_file():
+        run([sys.executable, "-m", "pipeline.export", str(run_dir), "--format", "speculators", "--out", str(out),
+             "--draft-vocab", str(draft_vocab), *extra], work / "logs" / f"export-{what}.log", f"export ({what})")
+    return out
 
 
 def original_exports(test: Path, work: Path, draft_vocab: int, max_tokens: int) -> dict[str, Path]:
@@ -260,9 +263,7 @@ def arm_exports(run_dir: Path, export: Path, model: Path, work: Path, wanted: se
         if not (dst / "export.json").is_file():
             dst.parent.mkdir(parents=True, exist_ok=True)
             if name == "embed":
-                run([sys.executable, "-m", "pipeline.export", str(run_dir), "--format", "speculators", "--out",
-                     str(dst), "--aux", "embed,2,15", "--draft-vocab", str(draft_vocab)],
-                    work / "logs" / "export-embed.log", "export (embed arm)")
+                _export(run_dir, dst, work, name, draft_vocab, "--aux", "embed,2,15")
             elif name == "mask-shift":
                 _mask_shifted(export, dst)
             elif name == "capped-ending":
@@ -352,10 +353,7 @@ def main() -> None:
              "diff.reference=hf@float32", f"data.path={regen}", f"out_dir={run_dir}",
              "capture.points=[embed,2,15,27,last]", f"hydra.run.dir={logs / 'extract.hydra'}"],
             logs / "extract.log", "extract")
-    export = work / "export"
-    if not (export / "export.json").is_file():
-        run([py, "-m", "pipeline.export", str(run_dir), "--format", "speculators", "--out", str(export),
-             "--aux", "2,15,27", "--draft-vocab", str(args.draft_vocab)], logs / "export.log", "export")
+    export = _export(run_dir, work / "export", work, "wired", args.draft_vocab, "--aux", "2,15,27")
 
     def trained(data: Path, ckpt: Path, what: str) -> Path:
         last = ckpt / str(args.epochs - 1)

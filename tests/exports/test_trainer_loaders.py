@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from pipeline.models.checkpoint import CheckpointTensors
 from pipeline.shards.reader import RunReader
 from tests.exports.conftest import cli, extract, read_all, trainer
 
@@ -125,8 +126,6 @@ def test_speculators_reads_final_norm_divided_by_the_norm_weight_as_the_engines_
     """A run without bN (what SGLang captures) exported with --last final_norm: speculators' own loader reads the
     derived last slot, and its norm (lm_head(norm(x)) is all it does with it) gives the captured final_norm back, so
     its targets are the tokens the bN export of the same samples gives."""
-    from pipeline.models.checkpoint import CheckpointTensors
-
     run = extract(tmp_path / "run", "model=tiny_llama", "capture.points=[1,3,5,final_norm]", "data.limit=4")
     refused = cli("pipeline.export", str(run), "--format", "speculators", "--out", str(tmp_path / "refused"))
     assert refused.returncode == 2 and "--last final_norm" in refused.stderr and not (tmp_path / "refused").exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from pipeline.models.info import text_config
 
@@ -132,8 +132,6 @@ def copy_with(src: Path, dst: Path, *, config=None, tensors=None) -> Path:
         config(edited)
         (dst / "config.json").write_text(json.dumps(edited, indent=2))
     if tensors is not None:
-        from safetensors.torch import load_file
-
         save_file(tensors(load_file(str(dst / "model.safetensors"))), str(dst / "model.safetensors"),
                   metadata={"format": "pt"})
     return dst
