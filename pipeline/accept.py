@@ -1,6 +1,6 @@
 """`python -m pipeline.accept --draft DIR [--draft DIR2 ...] --serve vllm (--target MODEL_DIR | --run RUN_DIR |
 --export EXPORT_DIR) --prompts FILE --out OUT_DIR [--num-speculative-tokens K] [--max-tokens N] [--temperature T]
-[--dtype D] [--overwrite]`
+[--dtype D] [--engine-option KEY=VALUE ...] [--overwrite]`
 
 How much of each EAGLE-3 draft the target accepts when vLLM serves them together: acceptance length, per-position and
 draft-token acceptance, from vLLM's own spec-decode counters, per prompt and overall; tokens/s with and without
@@ -21,6 +21,8 @@ import argparse
 import sys
 from pathlib import Path
 from typing import Sequence
+
+import yaml
 
 from pipeline.core.cli import ExitCode, UsageError, interrupts_from_here, run_command
 
@@ -44,8 +46,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE", type=_engine_option,
+                        help="an option of the measuring vLLM engine (pipeline.engines.vllm.options.SpeculateOptions), "
+                             "e.g. gpu_memory_utilization=0.9 on a GPU node, kv_cache_space_gib=4 on CPU (repeatable)")
     parser.add_argument("--overwrite", action="store_true", help="replace a finished report in --out")
     return parser
+
+
+def _engine_option(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: write KEY=VALUE")
+    return key, yaml.safe_load(value)  # typed as in a config: 0.9, 4, true, null
 
 
 def accept(argv: Sequence[str] | None) -> ExitCode:
@@ -55,7 +67,7 @@ def accept(argv: Sequence[str] | None) -> ExitCode:
     if args.num_speculative_tokens < 1 or args.max_tokens < 1 or args.temperature < 0:
         raise UsageError("--num-speculative-tokens and --max-tokens must be >= 1, --temperature >= 0")
     settings = Settings(num_speculative_tokens=args.num_speculative_tokens, max_tokens=args.max_tokens,
-                        temperature=args.temperature, dtype=args.dtype)
+                        temperature=args.temperature, dtype=args.dtype, engine_options=dict(args.engine_option))
     report = measure(args.draft, target=args.target, run=args.run, export=args.export, prompts=args.prompts,
                      out=args.out, settings=settings, overwrite=args.overwrite)
     for d in report["drafts"]:

@@ -11,53 +11,38 @@ model, data, diff, capture (what `diff.points` names), storage_dtype and out_dir
 """
 from __future__ import annotations
 
-import logging
 import sys
 
-from pipeline.core.cli import ExitCode, interrupts_from_here, os_error_text, run_command
+from pipeline.core.cli import ExitCode, interrupts_from_here
 
 interrupts_from_here(__name__, "diff")  # before the imports below (seconds): Ctrl-C there is one line too
 
-import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from pipeline.compare.stage import run_diff  # noqa: E402
 from pipeline.compare.tables import verdict_table  # noqa: E402
-from pipeline.config import (CONF_DIR, ConfigError, check_model_group, exit_on_bad_overrides,  # noqa: E402
-                             model_group_overrides, register_configs)
+from pipeline.config import DiffJobConfig  # noqa: E402
+from pipeline.config.command import HydraJob, run_hydra  # noqa: E402
 from pipeline.factory import build_step  # noqa: E402
 
-register_configs()
-log = logging.getLogger("pipeline.diff")
 
-
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="diff")
-def diff(cfg: DictConfig) -> None:
-    try:
-        check_model_group(cfg, "diff")  # a tiny model's settings never apply to a user's checkpoint
-        build_step(cfg)  # the tiny model a recipe names, built when missing: the job's first step
-        outcome = run_diff(cfg)
-    except ConfigError as e:
-        log.error("configuration error: %s", e)
-        sys.exit(e.exit_code)
-    except OSError as e:  # e.g. a full disk under the report: one line, the traceback on request
-        log.debug("the error in full", exc_info=e)
-        log.error("diff stopped: %s (hydra.verbose=pipeline shows the traceback)", os_error_text(e))
-        sys.exit(ExitCode.FAILED)
+def diff(cfg: DictConfig) -> int:
+    outcome = run_diff(cfg)
     Console(width=160).print(verdict_table(outcome.result, outcome.report_dir.resolve()))
     for line in outcome.result.failures + outcome.result.warnings:
         print(f"  - {line}")
     print(f"report: {outcome.report_dir.resolve()}/report.html ({outcome.seconds:.1f}s)")
-    if outcome.result.status == "fail":
-        sys.exit(ExitCode.REFUSED)
+    return ExitCode.REFUSED if outcome.result.status == "fail" else ExitCode.OK
+
+
+JOB = HydraJob(name="diff", config_name="diff", schema=DiffJobConfig, noun="diff", stopped="diff stopped",
+               resume="fix the cause and rerun", build=build_step, body=diff)
 
 
 def main() -> int:
     """`python -m pipeline.diff` and the console script `pipeline-diff`: overrides from sys.argv."""
-    exit_on_bad_overrides(sys.argv[1:], config_name="diff")
-    sys.argv[1:] = model_group_overrides(sys.argv[1:], config_name="diff")  # model.path without a model group
-    return run_command(diff)
+    return run_hydra(JOB, sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -13,25 +13,19 @@ status (README.md, "Exit codes"): 0 done, 1 failed (resumable), 2 configuration 
 """
 from __future__ import annotations
 
-import logging
 import sys
 
-from pipeline.core.cli import ExitCode, interrupts_from_here, os_error_text, run_command
+from pipeline.core.cli import ExitCode, interrupts_from_here
 
 interrupts_from_here(__name__, "regenerate")  # before the imports below (seconds): Ctrl-C there is one line too
 
-import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from pipeline.config import (CONF_DIR, ConfigError, check_model_group, exit_on_bad_overrides,  # noqa: E402
-                             model_group_overrides, register_configs)
-from pipeline.core.claim import ClaimLost, DirBusy  # noqa: E402
-from pipeline.engines.base import EngineStartError, GenerationUnsupported  # noqa: E402
+from pipeline.config import RegenerateConfig  # noqa: E402
+from pipeline.config.command import HydraJob, run_hydra  # noqa: E402
 from pipeline.factory import build_step  # noqa: E402
-from pipeline.regen.job import NoValidRecords, run_regenerate  # noqa: E402
+from pipeline.regen.job import run_regenerate  # noqa: E402
 
-register_configs()
-log = logging.getLogger("pipeline.regenerate")
 # Declared for the recipes' sake (pipeline/config/regen_schema.py) but not read: refused when given here.
 _EXTRACT_ONLY = ("gate", "diff")
 
@@ -40,30 +34,8 @@ def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="regenerate")
 def regenerate(cfg: DictConfig) -> None:
-    try:
-        check_model_group(cfg, "regenerate")  # a tiny model's settings never apply to a user's checkpoint
-        build_step(cfg)  # the tiny or converted model a recipe names, built when missing
-        summary = run_regenerate(cfg)
-    except (ConfigError, NoValidRecords, DirBusy, GenerationUnsupported) as e:
-        log.error("%s%s", "configuration error: " if isinstance(e, ConfigError) else "", e)
-        sys.exit(e.exit_code)
-    except EngineStartError as e:
-        log.debug("the engine's error in full", exc_info=e.__cause__)
-        log.error("%s; nothing was generated (hydra.verbose=pipeline shows the engine's traceback)", e)
-        sys.exit(e.exit_code)
-    except ClaimLost as e:
-        log.error("regeneration stopped, no manifest written: %s", e)
-        sys.exit(e.exit_code)
-    except OSError as e:
-        log.debug("the error in full", exc_info=e)
-        log.error("regeneration stopped, no manifest written: %s; finished parts are kept: fix the cause and rerun "
-                  "the same command to resume", os_error_text(e))
-        sys.exit(ExitCode.FAILED)
-    except RuntimeError as e:
-        log.error("regeneration failed, no manifest written (rerun the same command to resume): %s", e)
-        sys.exit(ExitCode.FAILED)
+    summary = run_regenerate(cfg)
     m = summary.manifest
     rate = m["generated_tokens"] / summary.generate_seconds if summary.generate_seconds else 0.0
     print(f"regeneration directory: {summary.out_dir.resolve()}")
@@ -82,6 +54,12 @@ def regenerate(cfg: DictConfig) -> None:
     print(f"extract it with: python -m pipeline.extract data.path={summary.out_dir}")
 
 
+JOB = HydraJob(name="regenerate", config_name="regenerate", schema=RegenerateConfig, noun="regeneration",
+               stopped="regeneration stopped, no manifest written",
+               resume="finished parts are kept: fix the cause and rerun the same command to resume",
+               build=build_step, body=regenerate)
+
+
 def main() -> int:
     """`python -m pipeline.regenerate` and the console script `pipeline-regenerate`: overrides from sys.argv."""
     for arg in sys.argv[1:]:
@@ -90,9 +68,7 @@ def main() -> int:
             print(f"configuration error: {key} is extract's (its diff gate); regeneration compares no hidden "
                   f"states", file=sys.stderr)
             return ExitCode.USAGE
-    exit_on_bad_overrides(sys.argv[1:], config_name="regenerate")
-    sys.argv[1:] = model_group_overrides(sys.argv[1:], config_name="regenerate")
-    return run_command(regenerate)
+    return run_hydra(JOB, sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ started) -> take the report directory -> one speculative vLLM start per draft an
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,12 +19,15 @@ from pipeline.data.remote_code import load_tokenizer
 from pipeline.drafts.examine import Request, examine
 from pipeline.drafts.report import failed
 from pipeline.drafts.target import gather
-from pipeline.engines.process.remote import EngineWorkerError, RemoteEngine
-from pipeline.engines.registry import REPO_ROOT
+from pipeline.engines.process.remote import EngineWorkerError
+from pipeline.engines.registry import check_options, make_engine
 from pipeline.models.info import text_config
 from pipeline.regen.prompts import read_prompts
 
-ADAPTER = "pipeline.engines.vllm.speculate:SpeculativeVLLM"
+ENGINE = "vllm-speculate"  # pipeline.engines.vllm.speculate, through the registry: its options typed and checked
+# Options `pipeline.accept` sets from its own flags and the prompts: never an --engine-option.
+FROM_FLAGS = {"draft": "--draft", "num_speculative_tokens": "--num-speculative-tokens",
+              "max_model_len": "the prompts and --max-tokens"}
 SGLANG_REFUSAL = ("--serve sglang: SGLang 0.5.23's EAGLE-3 path calls real sgl-kernel CPU ops "
                   "(copy_all_layer_kv_cache_cpu, fill_accept_out_cache_loc_cpu, ...) that no PyPI build provides, so "
                   "it cannot start on these CPUs; serve with --serve vllm (docs/engines.md says how SGLang's own "
@@ -38,6 +41,22 @@ class Settings:
     temperature: float
     dtype: str
     seed: int = 0
+    engine_options: dict[str, Any] = field(default_factory=dict)  # --engine-option: the measuring engine's options
+
+
+def engine_spec(s: Settings, draft: Path | None, max_len: int) -> EngineSpec:
+    """The measuring engine as configured; UsageError naming `--engine-option KEY` for an option it does not take
+    (the closest valid one named) or a value it cannot take, before any engine starts."""
+    if taken := sorted(set(s.engine_options) & set(FROM_FLAGS)):
+        raise UsageError(f"--engine-option {taken[0]}: set by {FROM_FLAGS[taken[0]]}, not an engine option here")
+    spec = EngineSpec(name=ENGINE, dtype=s.dtype, options={
+        **s.engine_options, "draft": str(draft.resolve()) if draft else None,
+        "num_speculative_tokens": s.num_speculative_tokens, "max_model_len": max_len})
+    try:
+        check_options(spec, "--engine-option")
+    except ValueError as e:
+        raise UsageError(str(e).replace("--engine-option.options.", "--engine-option ")) from None
+    return spec
 
 
 def _target_dir(target: Path | None, run: Path | None, export: Path | None) -> Path:
@@ -73,13 +92,9 @@ def _doctor(draft: Path, model_dir: Path, run: Path | None, export: Path | None)
 
 
 def _serve(model_dir: Path, draft: Path | None, prompts: list[list[int]], s: Settings, max_len: int) -> dict:
-    spec = EngineSpec(name="vllm", dtype=s.dtype, options={
-        "draft": str(draft.resolve()) if draft else None, "num_speculative_tokens": s.num_speculative_tokens,
-        "max_model_len": max_len})
-    engine = RemoteEngine(spec, target=ADAPTER, python=str(REPO_ROOT / ".venv-vllm" / "bin" / "python"),
-                          model_path=str(model_dir), points=[], num_layers=text_config(
-                              json.loads((model_dir / "config.json").read_text()))["num_hidden_layers"],
-                          task="generate")
+    num_layers = text_config(json.loads((model_dir / "config.json").read_text()))["num_hidden_layers"]
+    engine = make_engine(engine_spec(s, draft, max_len), model_path=str(model_dir), points=[], num_layers=num_layers,
+                         task="generate")
     try:
         engine.start()
     except EngineWorkerError as e:
@@ -124,7 +139,8 @@ class Plan:
 
 
 def prepare(drafts: Sequence[Path], *, target: Path | None, run: Path | None, export: Path | None, prompts: Path,
-            out: Path, overwrite: bool) -> Plan:
+            out: Path, overwrite: bool, settings: Settings) -> Plan:
+    engine_spec(settings, None, 1)  # the options checked before anything is read or started
     outdir.check(out, overwrite=overwrite)
     model_dir = _target_dir(target, run, export)
     doctors = [_doctor(d, model_dir, run, export) for d in drafts]  # every draft read before any engine starts
@@ -134,7 +150,8 @@ def prepare(drafts: Sequence[Path], *, target: Path | None, run: Path | None, ex
 
 def measure(drafts: Sequence[Path], *, target: Path | None, run: Path | None, export: Path | None = None,
             prompts: Path, out: Path, settings: Settings, overwrite: bool = False) -> dict[str, Any]:
-    plan = prepare(drafts, target=target, run=run, export=export, prompts=prompts, out=out, overwrite=overwrite)
+    plan = prepare(drafts, target=target, run=run, export=export, prompts=prompts, out=out, overwrite=overwrite,
+                   settings=settings)
     model_dir, ids = plan.model_dir, plan.prompt_ids
     max_len = max(map(len, ids)) + settings.max_tokens + settings.num_speculative_tokens + 1
     with outdir.taken(out, overwrite=overwrite):

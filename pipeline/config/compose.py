@@ -4,7 +4,6 @@ declare is a configuration error naming the key, through the same checks for eve
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
@@ -16,7 +15,6 @@ from pipeline.config.closed import unknown_keys_message, unknown_override_keys
 from pipeline.config.entries import CONF_DIR
 from pipeline.config.regen_schema import RegenerateConfig
 from pipeline.config.schema import ConfigError, DiffJobConfig, ExtractConfig
-from pipeline.core.cli import ExitCode
 from pipeline.models.built import models_root
 
 # conf/<name>.yaml -> the schema it composes into (its defaults list names `<name's schema node>` first).
@@ -49,13 +47,12 @@ def config_groups() -> list[str]:
     return sorted(d.name for d in CONF_DIR.iterdir() if d.is_dir()) if CONF_DIR.is_dir() else []
 
 
-def exit_on_unknown_overrides(argv: Sequence[str], config_name: str = "config") -> None:
+def check_override_keys(argv: Sequence[str], config_name: str = "config") -> None:
     """For the Hydra entry points, before Hydra composes: a plain override of a key the job's schema does not declare
-    (`runer.overlap_writes=true`) is the configuration error it is (exit status 2, the closest valid key named),
-    not Hydra's composition error (exit status 1) advising `+`."""
+    (`runer.overlap_writes=true`) is the ConfigError it is (exit status 2, the closest valid key named), not Hydra's
+    composition error (exit status 1) advising `+`."""
     if message := unknown_override_keys(JOBS[config_name], argv, config_groups()):
-        print(f"configuration error: {message}", file=sys.stderr)
-        sys.exit(ExitCode.USAGE)
+        raise ConfigError(message)
 
 
 def to_config(cfg: DictConfig, schema: type[Job] = ExtractConfig) -> Job:  # type: ignore[assignment]

@@ -8,7 +8,7 @@ so a `model.path` the user gives decides which group applies:
 - with no model group chosen (the primary config's default stands, neither `model=` nor an experiment chose one), a
   `model.path` that is not the default's build directory is the user's own checkpoint: the command runs as
   `model=local` (conf/model/local.yaml: no recipe, trust_remote_code off, no capture points until named), with the
-  user's other `model.*` overrides laid over it. `model_group_overrides` adds `model=local` before Hydra composes.
+  user's other `model.*` overrides laid over it. The entry points' runner (pipeline.config.command) composes so.
 - with a tiny-model group chosen, a `model.path` not named after its recipe is refused (`check_model_group`), saying
   what to write instead: the user's checkpoint as `model=local`, or the recipe built somewhere else.
 
@@ -21,12 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Sequence
 
-from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from pipeline.config.entries import CONF_DIR
 from pipeline.config.schema import ConfigError
@@ -85,10 +83,8 @@ def decide(overrides: Sequence[str], model: ModelChoice) -> Literal["keep", "loc
     return "keep"
 
 
-def _composed(overrides: Sequence[str], config_name: str) -> ModelChoice:
-    job = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name=config_name, overrides=job, return_hydra_config=True)
+def model_choice(cfg: DictConfig, config_name: str) -> ModelChoice:
+    """What a config composed with Hydra's node (`return_hydra_config`) chose."""
     return _choice_of(cfg, cfg.hydra.runtime.choices.get(GROUP), config_name)
 
 
@@ -99,24 +95,9 @@ def _choice_of(cfg: DictConfig, choice: str | None, config_name: str) -> ModelCh
                        path=None if path is None else str(path))
 
 
-def model_group_overrides(overrides: Sequence[str], config_name: str = "config") -> list[str]:
-    """The overrides Hydra is to run: `overrides` plus `model=local` when they give the user's own checkpoint
-    (`model.path`) without choosing a model group. Left as they are when Hydra's own flags take the command
-    (`--help`, `-m`: `check_model_group` refuses there what this would have changed) or when they name a tiny-model
-    group for another path (`check_model_group` refuses it, in the job's own log)."""
-    overrides = list(overrides)
-    if any(arg.startswith("-") for arg in overrides) or not _given(overrides, f"{GROUP}.path"):
-        return overrides
-    try:
-        decision = decide(overrides, _composed(overrides, config_name))
-    except (ConfigError, HydraException, OmegaConfBaseException):  # refused in the job, or by Hydra itself
-        return overrides
-    return overrides + [f"{GROUP}={LOCAL}"] if decision == "local" else overrides
-
-
 def check_model_group(cfg: DictConfig, config_name: str = "config") -> None:
     """In the job, on Hydra's composed config: ConfigError when the model settings would not be the checkpoint's own:
-    a tiny-model group for another path, or (when `model_group_overrides` could not run) the user's checkpoint under
+    a tiny-model group for another path, or (in a `-m` sweep, whose jobs Hydra composes) the user's checkpoint under
     the default group."""
     hydra = HydraConfig.get()
     overrides = list(hydra.overrides.task)

@@ -8,7 +8,6 @@ interpolation, `out_dir=${oops}`) turns those into the configuration errors they
 """
 from __future__ import annotations
 
-import sys
 from typing import Sequence
 
 from hydra import compose, initialize_config_dir
@@ -19,14 +18,14 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pipeline.config.entries import CONF_DIR
-from pipeline.config.compose import exit_on_unknown_overrides
-from pipeline.core.cli import ExitCode
+from pipeline.config.compose import check_override_keys
+from pipeline.config.schema import ConfigError
 
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     """Hydra's message without its search path, and the first line of OmegaConf's cause (the rest is its object
     dump); an OmegaConf error of its own (an interpolation that does not resolve) as `key: its first line`."""
     if isinstance(e, OmegaConfBaseException):
@@ -53,11 +52,11 @@ def _config_overrides(argv: Sequence[str]) -> list[list[str]] | None:
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-def exit_on_bad_overrides(argv: Sequence[str], config_name: str = "config") -> None:
-    """Exit 2 with one `configuration error:` line when the overrides name a key the job's schema (conf/<config_name>
-    .yaml's) does not declare (the closest valid one named), do not compose, or hold an interpolation that does not
-    resolve; return when Hydra can run them."""
-    exit_on_unknown_overrides(argv, config_name)
+def check_overrides(argv: Sequence[str], config_name: str = "config") -> None:
+    """ConfigError when the overrides of a command Hydra's flags take (`-m` sweeps) name a key the job's schema
+    (conf/<config_name>.yaml's) does not declare (the closest valid one named), do not compose, or hold an
+    interpolation that does not resolve; return when Hydra can run them."""
+    check_override_keys(argv, config_name)
     try:
         jobs = _config_overrides(argv)
         if jobs is None:
@@ -66,5 +65,4 @@ def exit_on_bad_overrides(argv: Sequence[str], config_name: str = "config") -> N
             for overrides in jobs:
                 OmegaConf.to_container(compose(config_name=config_name, overrides=overrides), resolve=True)
     except (HydraException, OmegaConfBaseException) as e:
-        print(f"configuration error: {_one_line(e)}", file=sys.stderr)
-        sys.exit(ExitCode.USAGE)
+        raise ConfigError(one_line(e)) from e

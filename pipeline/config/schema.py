@@ -33,6 +33,8 @@ COMPUTE_DTYPES = tuple(str(d) for d in Dtype if d != Dtype.auto)
 class ConfigError(UsageError, ValueError):
     """A configuration that cannot run; raised before any model is loaded, naming the field and the value."""
 
+    prefix = "configuration error"
+
 
 def _require(ok: bool, field_name: str, value: Any, why: str) -> None:
     if not ok:

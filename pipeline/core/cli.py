@@ -2,7 +2,8 @@
 
 A scheduler or a script reads the exit code alone, so the same outcome has the same code in every command (the table
 is in README.md, "Exit codes"): FAILED is worth rerunning (the run resumes), USAGE is not until the input or the
-configuration changes, REFUSED means a check looked at the data and said no (its report or lines say why).
+configuration changes, REFUSED means a check looked at the data and said no (its report or lines say why), BUG is an
+exception no check anticipated: its traceback is shown, and no scheduler should rerun it as if it were resumable.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from enum import IntEnum
 from pathlib import Path
 from typing import Callable, ClassVar
@@ -18,6 +20,8 @@ from typing import Callable, ClassVar
 from pipeline.core.faults import fault_point
 
 INTERRUPTED_LINE = "interrupted; rerun the same command to resume"
+BUG_LINE = ("unexpected {kind}: a bug in the pipeline, not a resumable stop (rerunning will not help; please report "
+            "it with its traceback)")
 
 
 class ExitCode(IntEnum):
@@ -25,6 +29,7 @@ class ExitCode(IntEnum):
     FAILED = 1  # stopped for a runtime cause (units failed, an I/O error, a lost lock): rerun the same command
     USAGE = 2  # bad arguments, configuration or input: nothing was done; rerunning unchanged cannot succeed
     REFUSED = 3  # a check said no: the diff gate, a failed comparison, a run that does not verify, a doctor mismatch
+    BUG = 70  # an unexpected exception (sysexits' EX_SOFTWARE): its traceback says where; rerunning will not help
     INTERRUPTED = 130  # 128 + SIGINT (Ctrl-C), the shell's convention
     TERMINATED = 143  # 128 + SIGTERM (a scheduler's stop)
 
@@ -33,6 +38,9 @@ class PipelineError(Exception):
     """An outcome an entry point reports in one line, exiting with the class's `exit_code`."""
 
     exit_code: ClassVar[ExitCode] = ExitCode.FAILED
+    prefix: ClassVar[str] = ""  # the line's first words where the message alone does not say what stopped
+    nothing_written: ClassVar[bool] = False  # raised before a job wrote anything (an engine that did not start)
+
 
 
 class UsageError(PipelineError):
@@ -107,8 +115,8 @@ def interrupts_from_here(module: str, command: str) -> None:
 
 def run_command(body: Callable[[], int | None]) -> int:
     """`body`'s exit code (None: OK). A PipelineError or an OSError is one `error: ...` line and its code; Ctrl-C and
-    SIGTERM are one line and 130 / 143 instead of a traceback or silence. SystemExit passes through: the Hydra entry
-    points exit from inside Hydra's job (which reports its own errors before they could reach here). During `body`
+    SIGTERM are one line and 130 / 143 instead of a traceback or silence; any other exception is a bug: its traceback,
+    one line saying so, and BUG. SystemExit passes through (a Hydra sweep's job exits with its code). During `body`
     both signals raise in the main thread, so that context managers close engines and locks; before and after it,
     what `interrupts_from_here` installed answers them."""
     in_main = threading.current_thread() is threading.main_thread()  # signal handlers can only be set there
@@ -130,6 +138,10 @@ def run_command(body: Callable[[], int | None]) -> int:
     except Terminated:
         print(INTERRUPTED_LINE, file=sys.stderr)
         return ExitCode.TERMINATED
+    except Exception as e:  # noqa: BLE001 - a bug: shown whole, and never the resumable exit status
+        traceback.print_exception(e, file=sys.stderr)
+        print(f"error: {BUG_LINE.format(kind=type(e).__name__)}", file=sys.stderr)
+        return ExitCode.BUG
     finally:
         for signum, handler in previous.items():
             if handler not in (signal.SIG_IGN, None):  # None: a handler not set from Python

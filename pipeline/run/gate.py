@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 class DiffGateError(Refused, RuntimeError):
     """The gate stopped the run; the message names what failed and where the report is."""
 
+    prefix = "stopped by the diff gate"
+
 
 @dataclass(kw_only=True)
 class GateOutcome:

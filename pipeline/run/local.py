@@ -1,13 +1,16 @@
 """The local executor: one engine in this process (or its worker), every unit in order."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Sequence
 
 from pipeline.core.contracts import Capture, EngineInfo, PreparedSample
 from pipeline.engines.base import Engine, EngineStartError, error_summary
-from pipeline.run.capture import StagePlan, run_units
+from pipeline.run.capture import StagePlan, UnitResult, run_units
 from pipeline.run.executor import Executor, OnDone
+
+log = logging.getLogger(__name__)
 
 
 class LocalExecutor(Executor):
@@ -37,5 +40,16 @@ class LocalExecutor(Executor):
     def _run_units(self, settings: StagePlan, run_dir: Path, units: Sequence[Sequence[object]],
                    todo: list[int], done: OnDone) -> dict[int, str]:
         stage = settings.stage(self.engine)
-        run_units(stage, run_dir, [(index, units[index]) for index in todo], done, overlap=settings.overlap_writes)
+        finished: set[int] = set()
+
+        def finish(result: UnitResult) -> None:
+            finished.add(result.index)
+            done(result)
+
+        try:
+            run_units(stage, run_dir, [(index, units[index]) for index in todo], finish,
+                      overlap=settings.overlap_writes)
+        except RuntimeError as e:  # the engine's failure (a worker gone, a capture that does not add up): the unit's
+            log.debug("unit failed", exc_info=e)
+            return {min(set(todo) - finished): error_summary(e)}
         return {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.acceptance.measure import prepare
+from pipeline.acceptance.measure import Settings, prepare
 from tests.exports.conftest import cli
 from tests.helpers.drafts import make_draft
 
@@ -21,7 +21,8 @@ def test_the_target_and_the_trained_features_come_from_the_export(llama_run, mod
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "Name three colours."}]}) + "\n")
     plan = prepare([wired, shifted], target=None, run=None, export=export, prompts=prompts, out=tmp_path / "out",
-                   overwrite=False)
+                   overwrite=False, settings=Settings(num_speculative_tokens=3, max_tokens=8, temperature=0.0,
+                                                      dtype="float32"))
     assert plan.model_dir.resolve() == (models_root / "tiny-llama").resolve()
     assert [d["verdict"] for d in plan.doctors] == ["OK", "MISMATCH"], plan.doctors
     aux = [f for f in plan.doctors[1]["findings"] if " aux-ids " in f]

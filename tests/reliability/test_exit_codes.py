@@ -2,7 +2,7 @@
 on real files: each kind of outcome has the same code in every command, said in one line without a traceback.
 
     0 OK   1 FAILED (a runtime cause: rerun resumes)   2 USAGE (arguments, configuration, input)
-    3 REFUSED (a check said no)   130 / 143 Ctrl-C / SIGTERM
+    3 REFUSED (a check said no)   70 BUG (an unexpected exception: its traceback)   130 / 143 Ctrl-C / SIGTERM
 """
 from __future__ import annotations
 
@@ -66,6 +66,42 @@ def test_diff(tmp_path, overrides, fault, code, line):
                env={"PIPELINE_FAULT": fault} if fault else None)
     assert done.returncode == code, output(done)[-3000:]
     said(done, line)
+
+
+def is_a_bug(done: subprocess.CompletedProcess) -> None:
+    """An exception no check anticipated: its traceback, one line saying it is a bug, and BUG, never the resumable
+    FAILED (a scheduler would rerun it for days)."""
+    text = output(done)
+    assert done.returncode == ExitCode.BUG, text[-3000:]
+    assert "Traceback" in text and "InjectedBug: injected at write:" in text, text[-3000:]
+    assert "unexpected InjectedBug: a bug in the pipeline, not a resumable stop" in text
+    assert "rerun the same command to resume" not in text
+
+
+@pytest.mark.parametrize("command, step", [("extract", "write:run.json"), ("regenerate", "write:regen.json")])
+def test_an_unexpected_exception_in_a_hydra_job_is_a_bug_with_its_traceback(tmp_path, command, step):
+    done = cli(f"pipeline.{command}", f"out_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'logs'}",
+               *(SMALL if command == "extract" else ("data.limit=2", "sampling.max_tokens=4")),
+               env={"PIPELINE_FAULT": f"bug@{step}"})
+    is_a_bug(done)
+
+
+def test_an_unexpected_exception_in_a_plain_command_is_a_bug_with_its_traceback(finished, tmp_path):
+    is_a_bug(cli("pipeline.export", str(finished), "--format", "specforge", "--out", str(tmp_path / "out"),
+                 env={"PIPELINE_FAULT": "bug@write:data_*.ckpt"}))
+
+
+def test_the_factory_builds_nothing_for_a_config_that_fails_validation(tmp_path):
+    """The typed config is checked before the job's first step (the tiny model's build) runs."""
+    models = tmp_path / "models"
+    for command, bad in [("extract", "engine.batch_size=0"), ("regenerate", "engine.batch_size=0"),
+                         ("diff", "diff.probe.num_samples=0")]:
+        done = cli(f"pipeline.{command}", bad, f"out_dir={tmp_path / command}", f"hydra.run.dir={tmp_path / 'logs'}",
+                   env={"PIPELINE_MODELS_DIR": str(models)})
+        assert done.returncode == ExitCode.USAGE, output(done)[-3000:]
+        said(done, f"configuration error: {bad.split('=')[0]}=")
+        assert not models.exists() or not any(models.iterdir()), sorted(models.rglob("*"))
+        assert not (tmp_path / command).exists()
 
 
 def test_verify(finished, tmp_path):
@@ -153,9 +189,10 @@ def test_export_terminated_then_resumed(finished, tmp_path):
     ("pipeline.diff", "model=nosuch", "configuration error: In 'diff': Could not find 'model/nosuch'"),
 ])
 def test_main_called_directly_is_as_strict_as_python_m(tmp_path, module, override, line):
-    """Not only under `if __name__ == "__main__"`: main() itself checks the overrides, and finds its config from any
-    directory (PYTHONPATH: this checkout's code, whichever checkout the environment's editable install is)."""
-    done = subprocess.run([sys.executable, "-c", f"from {module} import main; main()", override,
+    """Not only under `if __name__ == "__main__"`: main() itself checks the overrides and returns the exit code (a
+    console script exits with it), and finds its config from any directory (PYTHONPATH: this checkout's code,
+    whichever checkout the environment's editable install is)."""
+    done = subprocess.run([sys.executable, "-c", f"import sys; from {module} import main; sys.exit(main())", override,
                            f"out_dir={tmp_path / 'out'}"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == ExitCode.USAGE, output(done)[-3000:]

@@ -8,6 +8,7 @@ Python, so a worker process the pipeline spawned for it would leave a line there
 output directory, and no write step in the fault trace (`PIPELINE_FAULT_TRACE`)."""
 from __future__ import annotations
 
+import json
 import stat
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pipeline.config import ConfigError, to_config
 from pipeline.run.resolve import resolve_run
 from tests.helpers import REPO
 from tests.helpers.cli import cli
+from tests.helpers.drafts import make_draft
 
 pytestmark = pytest.mark.reliability
 # engine -> (the interpreter its worker runs, a misspelled option, its value, the valid spelling)
@@ -110,3 +112,22 @@ def test_the_gates_engines_are_checked_also_with_the_gate_off(compose_cfg):
                                           r"engine=sglang \(did you mean gate\.engines\[0\]\.options\.log_level"
                                           r"\?\)$"):
         resolve_run(to_config(cfg))
+
+
+def test_the_measuring_engines_misspelled_option_is_refused_before_vllm_starts(tmp_path, models_root):
+    """pipeline.accept's vLLM (engine vllm-speculate, through the registry) takes typed options too: a misspelled
+    `--engine-option` is one line naming it and the closest spelling, exit 2, no worker started, nothing written."""
+    wrapper, marker = spawn_recorder(tmp_path, "vllm")
+    config = (models_root / "tiny-llama" / "config.json").read_text()
+    draft = make_draft(tmp_path / "draft", json.loads(config), schema="speculators", aux_ids=[0, 2, 4])
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"messages": [{"role": "user", "content": "Name three colours."}]}\n')
+    proc = cli("pipeline.accept", "--draft", str(draft), "--serve", "vllm", "--target", str(models_root / "tiny-llama"),
+               "--prompts", str(prompts), "--out", str(tmp_path / "out"), "--engine-option", f"python={wrapper}",
+               "--engine-option", "gpu_memory_utilisation=0.9", timeout=300)
+    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        "error: unknown option --engine-option gpu_memory_utilisation for engine=vllm-speculate (did you mean "
+        "--engine-option gpu_memory_utilization?)"], proc.stderr[-3000:]
+    assert not marker.exists(), f"an engine worker was started: {marker.read_text()}"
+    assert not (tmp_path / "out").exists()

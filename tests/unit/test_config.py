@@ -104,22 +104,35 @@ def test_resume_record_ignores_scheduling_but_not_what_shapes_the_shards():
 # --- whose settings a model gets (pipeline/config/model_group.py) -------------------------------------------------
 
 @pytest.mark.parametrize("overrides, expected", [
-    (["model.path=/my/ckpt"], ["model.path=/my/ckpt", "model=local"]),  # a user's checkpoint, no group chosen
-    (["model.path=/my/ckpt", "model.build=null"], ["model.path=/my/ckpt", "model.build=null", "model=local"]),
-    (["model.path=/my/ckpt", "hydra.run.dir=x"], ["model.path=/my/ckpt", "hydra.run.dir=x", "model=local"]),
-    ([], []),  # the embedded default keeps its recipe, points and trust
-    (["model.path=/data/tiny-k25-int4-8l"], ["model.path=/data/tiny-k25-int4-8l"]),  # the recipe, another root
-    (["model=kimi_k25", "model.path=/models/Kimi-K2.5"], ["model=kimi_k25", "model.path=/models/Kimi-K2.5"]),
-    (["+exp=kimi", "model.path=/models/Kimi-K2.5"], ["+exp=kimi", "model.path=/models/Kimi-K2.5"]),
-    (["model=local", "model.path=/my/ckpt"], ["model=local", "model.path=/my/ckpt"]),
-    (["model=tiny_llama", "model.path=/my/ckpt"], ["model=tiny_llama", "model.path=/my/ckpt"]),  # refused in the job
-    (["-m", "model.path=/my/ckpt"], ["-m", "model.path=/my/ckpt"]),  # Hydra's flags: refused in the job
+    (["model.path=/my/ckpt"], "local"),  # a user's checkpoint, no group chosen
+    (["model.path=/my/ckpt", "model.build=null"], "local"),
+    (["model.path=/my/ckpt", "hydra.run.dir=x"], "local"),
+    ([], "tiny_k25_int4_8l"),  # the embedded default keeps its recipe, points and trust
+    (["model.path=/data/tiny-k25-int4-8l"], "tiny_k25_int4_8l"),  # the recipe, another root
+    (["model=kimi_k25", "model.path=/models/Kimi-K2.5"], "kimi_k25"),
+    (["+exp=kimi", "model.path=/models/Kimi-K2.5"], "kimi_k25"),
+    (["model=local", "model.path=/my/ckpt"], "local"),
+    (["model=tiny_llama", "model.path=/my/ckpt"], ConfigError),  # another checkpoint under a tiny model's settings
 ])
 def test_model_path_without_a_model_group_is_model_local(models_root, overrides, expected):
-    from pipeline.config import model_group_overrides
+    """The runner composes the command once (and once more with model=local for a user's own checkpoint)."""
+    from hydra import initialize_config_dir
 
-    assert model_group_overrides(overrides) == expected
-    assert model_group_overrides(overrides, config_name="diff") == expected
+    from pipeline.config import CONF_DIR, register_configs
+    from pipeline.config.command import composed
+    from pipeline.extract import JOB as EXTRACT
+    from pipeline.diff import JOB as DIFF
+
+    register_configs()
+    for job in (EXTRACT,) if "+exp=kimi" in overrides else (EXTRACT, DIFF):  # the recipe sets extract's engine
+        with initialize_config_dir(config_dir=str(CONF_DIR), job_name=job.name, version_base="1.3"):
+            if expected is ConfigError:
+                with pytest.raises(ConfigError, match=r"model=tiny_llama is the tiny model"):
+                    composed(job, overrides)
+                continue
+            cfg = composed(job, overrides)
+            assert cfg.hydra.runtime.choices.model == expected
+            assert cfg.hydra.job.name == job.name
 
 
 def test_model_local_inherits_nothing_and_the_tiny_groups_keep_their_settings(compose_cfg):

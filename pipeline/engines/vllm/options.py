@@ -40,3 +40,26 @@ class VLLMOptions(EngineOptions):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InvalidOption(name, value, "must be >= 1 or null")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeculateOptions(EngineOptions):
+    """`pipeline.engines.vllm.speculate`: vLLM serving a target with an EAGLE-3 draft, measuring acceptance. `draft`,
+    `num_speculative_tokens` and `max_model_len` come from `pipeline.accept`'s own flags; the rest from its
+    `--engine-option KEY=VALUE`."""
+
+    draft: str | None = option(None, "the draft directory (a speculators-format EAGLE-3 checkpoint); None = the plain "
+                                     "target")
+    num_speculative_tokens: int = option(3, "draft tokens proposed per step (K)")
+    max_model_len: int = option(2048, "vLLM's max_model_len: the longest prompt plus answer plus K + 1")
+    kv_cache_space_gib: int = option(1, "VLLM_CPU_KVCACHE_SPACE (GiB, CPU only)")
+    gpu_memory_utilization: float = option(0.1, "the fraction of GPU (or on CPU host) memory vLLM reserves, (0, 1]; "
+                                                "raise it on a GPU node")
+    seed: int = option(0, "vLLM's seed")
+
+    def __post_init__(self) -> None:
+        for name in ("num_speculative_tokens", "max_model_len", "kv_cache_space_gib"):
+            if getattr(self, name) < 1:
+                raise InvalidOption(name, getattr(self, name), "must be >= 1")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise InvalidOption("gpu_memory_utilization", self.gpu_memory_utilization, "must be in (0, 1]")

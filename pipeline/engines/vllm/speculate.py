@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from pipeline.core.contracts import Capture, EngineInfo, PreparedSample
 from pipeline.engines.base import Engine
+from pipeline.engines.vllm.options import SpeculateOptions
 
 COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
             "vllm:spec_decode_num_accepted_tokens": "accepted"}
@@ -25,26 +26,25 @@ PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
 class SpeculativeVLLM(Engine):
-    """options: draft (a draft directory, or None for the plain target), num_speculative_tokens, kv_cache_space_gib,
-    max_model_len, seed."""
+    """A measuring engine (registered as `vllm-speculate`, `task="generate"`): its options are `SpeculateOptions`."""
 
     name = "vllm-speculate"
     environment = ".venv-vllm"
-    options_type = None  # read directly below: a measuring tool, not a configured pipeline engine
+    options_type = SpeculateOptions
 
     def start(self) -> None:
-        o = self.options
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(o.get("kv_cache_space_gib", 1)))
+        o: SpeculateOptions = self.opts
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(o.kv_cache_space_gib))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the EngineCore in this process: faster start here
         from vllm import LLM
 
-        self.k = int(o.get("num_speculative_tokens", 3))
+        self.k = o.num_speculative_tokens
         self.speculative = None
-        if o.get("draft"):
-            self.speculative = {"method": "eagle3", "model": o["draft"], "num_speculative_tokens": self.k}
-        self._llm = LLM(model=self.model_path, dtype=self.dtype, seed=int(o.get("seed", 0)), enforce_eager=True,
-                        enable_prefix_caching=False, gpu_memory_utilization=0.1,
-                        max_model_len=int(o.get("max_model_len", 2048)), disable_log_stats=False,
+        if o.draft:
+            self.speculative = {"method": "eagle3", "model": o.draft, "num_speculative_tokens": self.k}
+        self._llm = LLM(model=self.model_path, dtype=self.dtype, seed=o.seed, enforce_eager=True,
+                        enable_prefix_caching=False, gpu_memory_utilization=o.gpu_memory_utilization,
+                        max_model_len=o.max_model_len, disable_log_stats=False,
                         speculative_config=self.speculative, trust_remote_code=self.trust_remote_code)
 
     def _counters(self) -> dict[str, Any]:
