@@ -12,16 +12,15 @@ from typing import Iterator
 from pipeline.core.claim import DirClaim
 from pipeline.core.cli import UsageError
 from pipeline.core.io import write_text_atomic
-from pipeline.core.outdir import Layout, remove, unusable_dir
-from pipeline.shards.layout import REPORT_HTML, REPORT_JSON, REPORT_MD, run_conflict
+from pipeline.core.outdir import Layout, remove
+from pipeline.shards.layout import REPORT_HTML, REPORT_JSON, REPORT_MD, check_out
 
 LAYOUT = Layout(kind="acceptance report", files=(REPORT_MD, REPORT_HTML, REPORT_JSON), done=REPORT_JSON)
 
 
 def check(out: Path, *, overwrite: bool) -> None:
     """Read-only, before anything is measured: why `out` cannot take this report (a UsageError), or nothing."""
-    if (why := run_conflict(out, itself=True)) is not None or (why := unusable_dir(out)) is not None:
-        raise UsageError(f"--out {out}: {why}")
+    check_out(out, f"--out {out}:", UsageError)
     if not out.is_dir():
         return
     if foreign := LAYOUT.foreign(out):

@@ -15,10 +15,9 @@ from pipeline.compare.lineup import check_entries
 from pipeline.config import ConfigError, DataConfig, ModelConfig
 from pipeline.config.checks import check_data_path, resolve_model
 from pipeline.core.contracts import EngineSpec
-from pipeline.core.outdir import unusable_dir
 from pipeline.engines.registry import check_name, check_options
 from pipeline.models.info import ModelInfo
-from pipeline.shards.layout import run_conflict
+from pipeline.shards.layout import check_out
 from pipeline.shards.manifest import is_finished
 
 
@@ -54,16 +53,11 @@ def check_engines(lineup: Lineup) -> None:
 def check_out_dir(out_dir: str, *, run: bool, overwrite: bool = False) -> Path:
     """`out_dir` as a run directory (`run`: extract's own, resumed when unfinished, replaced only with `overwrite`) or
     as a report directory (the diff's: never a run directory nor inside one)."""
-    out = Path(out_dir)
-    if (why := run_conflict(out, itself=not run)) is not None:
-        raise ConfigError(f"out_dir={out_dir!r} {why}" + ("" if run else " (a run's own gate report is in its diff/)"))
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"out_dir={out_dir!r} exists and is not a directory")
-    if run and out.exists() and is_finished(out) and not overwrite:
+    out = check_out(Path(out_dir), f"out_dir={out_dir!r}", ConfigError, itself=not run,
+                    note="" if run else " (a run's own gate report is in its diff/)")
+    if run and out.is_dir() and is_finished(out) and not overwrite:  # before the model is hashed or the gate runs
         raise ConfigError(f"out_dir={out_dir!r} holds a finished run (manifest.json); choose another out_dir, "
                           f"or pass overwrite=true to replace it")
-    if (why := unusable_dir(out)) is not None:
-        raise ConfigError(f"out_dir={out_dir!r} {why}")
     return out
 
 

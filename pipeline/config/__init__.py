@@ -7,10 +7,10 @@ from pipeline.config.entries import CONF_DIR
 from pipeline.config.model_group import check_model_group
 from pipeline.config.overrides import check_overrides
 from pipeline.config.regen_schema import RegenerateConfig, SamplingConfig
+from pipeline.core.cli import ConfigError
 from pipeline.config.schema import (
     AlignmentConfig,
     CaptureConfig,
-    ConfigError,
     DataConfig,
     DiffConfig,
     DiffJobConfig,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config.schema import ConfigError, DataConfig, ModelConfig
+from pipeline.config.schema import DataConfig, ModelConfig
+from pipeline.core.cli import ConfigError
 from pipeline.data.remote_code import RemoteCodeError, check_remote_code
 from pipeline.data.regenerated import is_regeneration, read_manifest
 from pipeline.data.sources import check_readable

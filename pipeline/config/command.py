@@ -35,8 +35,7 @@ from pipeline.config.compose import check_override_keys, register_configs, to_co
 from pipeline.config.entries import CONF_DIR
 from pipeline.config.model_group import GROUP, LOCAL, check_model_group, decide, model_choice
 from pipeline.config.overrides import check_overrides, one_line
-from pipeline.config.schema import ConfigError
-from pipeline.core.cli import BUG_LINE, ExitCode, PipelineError, RunFailed, os_error_text, run_command
+from pipeline.core.cli import BUG_LINE, ConfigError, ExitCode, PipelineError, RunFailed, os_error_text, run_command
 
 Body = Callable[[DictConfig], "int | None"]
 VERBOSE = "hydra.verbose=pipeline shows"

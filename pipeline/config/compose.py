@@ -14,7 +14,8 @@ from omegaconf.errors import OmegaConfBaseException
 from pipeline.config.closed import unknown_keys_message, unknown_override_keys
 from pipeline.config.entries import CONF_DIR
 from pipeline.config.regen_schema import RegenerateConfig
-from pipeline.config.schema import ConfigError, DiffJobConfig, ExtractConfig
+from pipeline.config.schema import DiffJobConfig, ExtractConfig
+from pipeline.core.cli import ConfigError
 from pipeline.models.built import models_root
 
 # conf/<name>.yaml -> the schema it composes into (its defaults list names `<name's schema node>` first).

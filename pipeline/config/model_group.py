@@ -27,7 +27,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config.entries import CONF_DIR
-from pipeline.config.schema import ConfigError
+from pipeline.core.cli import ConfigError
 from pipeline.models.built import not_the_recipe_dir
 
 GROUP = "model"

@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from pipeline.config.entries import CONF_DIR
 from pipeline.config.compose import check_override_keys
-from pipeline.config.schema import ConfigError
+from pipeline.core.cli import ConfigError
 
 
 MULTIRUN_FLAGS = ("-m", "--multirun")

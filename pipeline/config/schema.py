@@ -14,7 +14,6 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from pipeline.config.entries import SpecError, parse_entries, parse_entry
-from pipeline.core.cli import UsageError
 from pipeline.core.contracts import Dtype, EngineSpec
 from pipeline.points import FRAMEWORKS
 
@@ -28,12 +27,6 @@ AlignmentPolicy = StrEnum("AlignmentPolicy", {v: v for v in ("fail", "warn")})
 RunnerName = StrEnum("RunnerName", {v: v for v in ("local", "ray")})
 Convention = StrEnum("Convention", {v: v for v in FRAMEWORKS})
 COMPUTE_DTYPES = tuple(str(d) for d in Dtype if d != Dtype.auto)
-
-
-class ConfigError(UsageError, ValueError):
-    """A configuration that cannot run; raised before any model is loaded, naming the field and the value."""
-
-    prefix = "configuration error"
 
 
 def _require(ok: bool, field_name: str, value: Any, why: str) -> None:

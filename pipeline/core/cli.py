@@ -49,6 +49,12 @@ class UsageError(PipelineError):
     exit_code = ExitCode.USAGE
 
 
+class ConfigError(UsageError, ValueError):
+    """A configuration that cannot run; raised before any model is loaded, naming the field and the value."""
+
+    prefix = "configuration error"
+
+
 class Refused(PipelineError):
     """A check that ran and did not pass."""
 

@@ -64,8 +64,28 @@ class Layout:
         return not patterns or any(re.fullmatch(p, name) for p in patterns)
 
     def foreign(self, root: Path) -> list[str]:
-        """The root entries of `root` this kind does not write, sorted."""
-        return sorted(p.name for p in Path(root).iterdir() if not self.owns(p.name))
+        """Every entry of `root` this kind does not write, sorted, nested ones included (`shards/notes.txt`,
+        `records/sub/`): a root name it does not own, and inside one of its folders an entry that is not a regular
+        file its patterns name (or a temp file of one). A replacement removes owned folders whole, so what they hold
+        must be the kind's own."""
+        root = Path(root)
+        found = []
+        for child in sorted(root.iterdir()):
+            if not self.owns(child.name):
+                found.append(child.name + ("/" if child.is_dir() and not child.is_symlink() else ""))
+            elif child.name in self.dirs and child.is_dir() and not child.is_symlink():
+                found += [f"{child.name}/{rel}" for rel in self._foreign_in(child)]
+        return found
+
+    def _foreign_in(self, folder: Path) -> list[str]:
+        out = []
+        for entry in sorted(folder.iterdir()):
+            plain = entry.is_file() and not entry.is_symlink()
+            if entry.name.endswith(TEMP_SUFFIX) and entry.name.startswith(".") and plain:
+                continue  # a killed writer's temp file: the kind's own, removed on resume
+            if not plain or not self.holds(folder.name, entry.name):
+                out.append(entry.name + ("/" if entry.is_dir() and not entry.is_symlink() else ""))
+        return out
 
     def is_done(self, root: Path) -> bool:
         return self.done is not None and (Path(root) / self.done).is_file()
@@ -142,6 +162,18 @@ def files_intact(root: Path, files: Mapping[str, Mapping[str, Any]]) -> bool:
         if not path.is_file() or not isinstance(info, Mapping) or path.stat().st_size != info.get("bytes"):
             return False
     return True
+
+
+def unit_done(root: Path, marker: Path, *, sha256: bool = True) -> dict | None:
+    """A unit's marker when the unit is done, else None (redo it): the marker reads back, and every file it lists
+    (relative to root) is in place with its recorded size and, with `sha256`, its recorded digest: what a resume
+    keeps of an earlier invocation's work, for every kind of directory."""
+    record = read_marker(marker)
+    if record is None or not files_intact(root, record.get("files")):
+        return None
+    if sha256 and any(sha256_file(Path(root) / rel) != info.get("sha256") for rel, info in record["files"].items()):
+        return None
+    return record
 
 
 def write_marker(path: Path, record: Mapping[str, Any]) -> None:

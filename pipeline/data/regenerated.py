@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from pipeline.core import jsonfile
 from pipeline.core.contracts import PreparedSample, Reject
 from pipeline.core.outdir import Layout
+from pipeline.core.lifecycle import DirKind
 from pipeline.data.ids import sample_id_for
 from pipeline.data.mask import ChatTokenizer, TurnIds, encode_chat
 from pipeline.data.prepare import PreparedData
@@ -39,6 +40,18 @@ LAYOUT = Layout(kind="regeneration", files=(START_FILE, MANIFEST, LOCK, REJECTS)
                 dirs={RECORDS_DIR: (_PART + r"\.parquet", _PART + r"\.done\.json", _PART + r"\.rejects\.parquet")},
                 lock=LOCK, start=START_FILE, done=MANIFEST)
 KIND = "regeneration"  # the manifest's `kind`: how extract tells a regeneration directory from a run
+
+
+def _finished(root: Path) -> bool:
+    try:
+        read_manifest(root)
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+# The regeneration directory as one kind of output directory (pipeline.core.lifecycle): regenerate writes it.
+REGEN_DIR = DirKind(layout=LAYOUT, noun="regeneration", job="regenerate", kept=(LOCK,), is_finished=_finished)
 
 TURN = pa.struct([
     ("turn", pa.int32()),  # 0-based index among the conversation's regenerated turns

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
 from pipeline.core.io import atomic_path
-from pipeline.core.outdir import unusable_dir
+from pipeline.core.outdir import Layout, unusable_dir
 from pipeline.exports import vocab
 from pipeline.exports.base import Exporter, ExportSample
 from pipeline.exports.progress import ExportProgress
 from pipeline.exports.sidecar import build, claim, export_layout, finish, hold, plan_record, status
 from pipeline.exports.slots import ExportError, RunDoesNotVerify, SlotPlan, plan_slots
 from pipeline.exports.unnorm import Unnorm
-from pipeline.shards.layout import run_conflict
+from pipeline.shards.layout import check_out
 from pipeline.shards.manifest import ManifestError, read_manifest
 from pipeline.shards.reader import RunReader
 from pipeline.shards.verify import verify_run
@@ -100,24 +100,13 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
     trained tokens (exports/vocab.py)."""
     run_dir, out = Path(run_dir), Path(out)
     manifest = _manifest(run_dir)
-    if (why := run_conflict(out, itself=True)) is not None:
-        raise ExportError(f"--out {out} {why}")
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"--out {out} exists and is not a directory")
+    check_out(out, f"--out {out}", ExportError, writable=False)  # before anything is planned or read
     num_layers = ((manifest.get("provenance") or {}).get("model") or {}).get("num_layers")
     if not isinstance(num_layers, int):
         raise ExportError(f"run {run_dir}: its manifest's provenance has no model.num_layers, so bN is unknown")
     plan = plan_slots(exporter.layout, run_points=manifest["points"], num_layers=num_layers, aux=aux, last=last)
     record = plan_record(run_dir, manifest, exporter.layout, plan)
-    files, target_vocab = exporter.files, None
-    if draft_vocab is not None:
-        if exporter.layout.name != "speculators":
-            raise ExportError(f"--draft-vocab writes speculators' vocabulary files; the {exporter.layout.name} "
-                              "layout does not read them")
-        target_vocab = vocab.target_vocab_size(manifest, run_dir)
-        vocab.check_size(draft_vocab, target_vocab)
-        record["draft_vocab"] = draft_vocab  # only when asked: the plans of exports without it stay as they were
-        files = replace(files, files=files.files + vocab.names(draft_vocab))
+    files, target_vocab = _draft_vocab_files(run_dir, manifest, exporter, record, draft_vocab)
     sidecar = build(run_dir, manifest, exporter.layout, plan, record)  # before any file: it cannot fail at the end
     progress = ExportProgress(name=exporter.layout.name, num_samples=manifest["num_samples"],
                               num_tokens=manifest["num_tokens"])
@@ -140,14 +129,35 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
             index_files = exporter.finish(out, _tokens(reader))
             if draft_vocab is not None:
                 sidecar["draft_vocab"] = vocab.write(out, _tokens(reader), draft_vocab, target_vocab)
-        if unnorm is not None:
-            sidecar["last_state"] |= unnorm.record()
-        sidecar["files"] = {"num_samples": progress.written + progress.skipped,
-                            "first_sample": _rel(exporter.sample_file(out, 0), out),
-                            "index_files": [_rel(p, out) for p in index_files]}
-        finish(out, sidecar)
+        finish(out, _finished_sidecar(sidecar, exporter, out, progress, index_files, unnorm))
     return ExportResult(out=out, status=found, plan=plan, written=progress.written, skipped=progress.skipped,
                         bytes_written=progress.bytes, seconds=progress.elapsed)
+
+
+def _draft_vocab_files(run_dir: Path, manifest: Mapping[str, Any], exporter: Exporter, record: dict,
+                       draft_vocab: int | None) -> tuple[Layout, int | None]:
+    """The export's files, with --draft-vocab N (speculators only) its vocabulary files too, and the target's
+    vocabulary size; N recorded in the plan only when asked (the plans of exports without it stay as they were)."""
+    if draft_vocab is None:
+        return exporter.files, None
+    if exporter.layout.name != "speculators":
+        raise ExportError(f"--draft-vocab writes speculators' vocabulary files; the {exporter.layout.name} "
+                          "layout does not read them")
+    target_vocab = vocab.target_vocab_size(manifest, run_dir)
+    vocab.check_size(draft_vocab, target_vocab)
+    record["draft_vocab"] = draft_vocab
+    return replace(exporter.files, files=exporter.files.files + vocab.names(draft_vocab)), target_vocab
+
+
+def _finished_sidecar(sidecar: dict, exporter: Exporter, out: Path, progress: ExportProgress,
+                      index_files: Sequence[Path], unnorm: Unnorm | None) -> dict:
+    """The sidecar with what the export wrote: its files and, for a derived last slot, the derivation's record."""
+    if unnorm is not None:
+        sidecar["last_state"] |= unnorm.record()
+    sidecar["files"] = {"num_samples": progress.written + progress.skipped,
+                        "first_sample": _rel(exporter.sample_file(out, 0), out),
+                        "index_files": [_rel(p, out) for p in index_files]}
+    return sidecar
 
 
 def _rel(path: Path, out: Path) -> str:

@@ -1,7 +1,7 @@
 """The regeneration job: check -> read prompts -> claim the directory -> regenerate units (resumable) -> manifest,
 written last.
 
-The directory goes through the same machinery as a run (pipeline.run.outdir): one writer (its lock and lease), a
+The directory goes through the same lifecycle as a run (pipeline.core.lifecycle): one writer (its lock and lease), a
 start record a rerun must match to resume, units finished by an earlier invocation checked and skipped, a replacement
 only with overwrite=true. A finished regeneration is days of a cluster's time: nothing here deletes one otherwise.
 """
@@ -24,8 +24,9 @@ from pipeline import provenance
 from pipeline.config import ConfigError, RegenerateConfig, resolved_dict, to_config
 from pipeline.config.checks import check_data_path, resolve_model
 from pipeline.core.cli import UsageError
+from pipeline.core import lifecycle
 from pipeline.core.io import sha256_json
-from pipeline.core.outdir import unusable_dir, write_json
+from pipeline.core.outdir import write_json
 from pipeline.data import regenerated as rd
 from pipeline.data.mask import turn_ids
 from pipeline.data.prepare import write_rejects
@@ -35,26 +36,15 @@ from pipeline.models.info import ModelInfo
 from pipeline.regen.prompts import Prompts, read_prompts
 from pipeline.regen.sampling import stop_token_ids
 from pipeline.regen.stage import RegenPlan, RegenResult
-from pipeline.run import outdir
 from pipeline.run.executor import Executor
 from pipeline.run.local import LocalExecutor
 from pipeline.run.progress import RunProgress
 from pipeline.run.ray import RayExecutor
-from pipeline.shards.layout import run_conflict
+from pipeline.shards.layout import check_out
 
 log = logging.getLogger(__name__)
 
 
-def _finished(root: Path) -> bool:
-    try:
-        rd.read_manifest(root)
-    except (ValueError, OSError):
-        return False
-    return True
-
-
-REGEN_DIR = outdir.DirKind(layout=rd.LAYOUT, noun="regeneration", job="regenerate", kept=(rd.LOCK,),
-                           is_finished=_finished)
 # Extract-only keys the recipes carry (one recipe serves both jobs); they do not make another regeneration.
 _NOT_READ = ("gate", "diff")
 DETERMINISM = ("greedy: the same ids on every resume and rerun on the same machine, engine and thread count; "
@@ -80,16 +70,6 @@ class RegenSummary:
     generate_seconds: float
 
 
-def _check_out_dir(value: str) -> Path:
-    out = Path(value)
-    # A regeneration directory itself is this job's to resume or (overwrite=true) replace: `inspect` decides.
-    if (why := run_conflict(out, itself=not rd.is_regeneration(out))) is not None:
-        raise ConfigError(f"out_dir={value!r} {why}")
-    if (why := unusable_dir(out)) is not None:
-        raise ConfigError(f"out_dir={value!r} {why}")
-    return out
-
-
 def _check(cfg: RegenerateConfig) -> tuple[Path, ModelInfo, dict[str, Any], dict[str, str]]:
     try:
         check_name(cfg.engine.name)
@@ -97,7 +77,9 @@ def _check(cfg: RegenerateConfig) -> tuple[Path, ModelInfo, dict[str, Any], dict
         sampling, origin = cfg.sampling.resolved(dict(cfg.model.sampling))
     except ValueError as e:
         raise ConfigError(str(e)) from e
-    out = _check_out_dir(cfg.out_dir)
+    # A regeneration directory itself is this job's to resume or (overwrite=true) replace: the lifecycle decides.
+    out = check_out(Path(cfg.out_dir), f"out_dir={cfg.out_dir!r}", ConfigError,
+                    itself=not rd.is_regeneration(Path(cfg.out_dir)))
     if rd.is_regeneration(Path(cfg.data.path)):
         raise ConfigError(f"data.path={cfg.data.path!r} is a regeneration directory: its answers are already the "
                           f"target's; extract it (python -m pipeline.extract data.path=...), or regenerate from the "
@@ -215,15 +197,15 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
     record = _start_record(config, prompts, digests)
     executor = _executor(cfg, model)
     executor.expect(longest=cfg.data.max_length)  # prompt and answer together
-    with outdir.claim(out, wait=cfg.wait_for_lock, kind=REGEN_DIR) as lock:
-        plan = outdir.inspect(out, record, overwrite=cfg.overwrite, kind=REGEN_DIR)  # before any engine starts
+    with lifecycle.claim(out, wait=cfg.wait_for_lock, kind=rd.REGEN_DIR) as lock:
+        plan = lifecycle.inspect(out, record, overwrite=cfg.overwrite, kind=rd.REGEN_DIR)  # before any engine starts
         if not prompts.conversations:
             reasons = ", ".join(f"{k}: {v}" for k, v in Counter(r.reason for r in prompts.rejects).most_common())
             raise NoValidRecords(f"no record of {cfg.data.path} can be regenerated: {len(prompts.rejects)} rejected "
                                  f"({reasons or 'the file holds no record'}); nothing was written")
         with executor:
             engine = _engine_record(executor)
-            outdir.prepare(out, record, plan, kind=REGEN_DIR)
+            lifecycle.prepare(out, record, plan, rd.REGEN_DIR)
             write_rejects(out / rd.REJECTS, prompts.rejects)
             size = cfg.runner.max_samples_per_shard
             units = [prompts.conversations[i:i + size] for i in range(0, len(prompts.conversations), size)]
@@ -234,7 +216,7 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
             results = executor.run(stage, out, units, progress=RunProgress(units, "regenerate"))
             generate_seconds = time.perf_counter() - generate_started
         manifest = _manifest(cfg, config, model, digests, engine, prompts, results, sampling, origin, stop, out)
-        outdir.check_lease(out, lock.token, rd.LOCK)  # still this job's directory: only then is it finished
+        lifecycle.check_lease(out, lock.token, rd.REGEN_DIR)  # still this job's directory: only then is it finished
         write_json(out / rd.MANIFEST, manifest)
     return RegenSummary(out_dir=out, manifest=manifest, resumed_units=sum(r.skipped for r in results),
                         seconds=time.perf_counter() - started, generate_seconds=generate_seconds)

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.core.contracts import GenerationRequest, Reject
-from pipeline.core.io import atomic_path, sha256_file
-from pipeline.core.outdir import file_records, files_intact, read_marker, remove_temps_of, write_marker
+from pipeline.core.io import atomic_path
+from pipeline.core.outdir import file_records, remove_temps_of, unit_done, write_marker
 from pipeline.data import regenerated as rd
 from pipeline.data.mask import encode_chat, turn_ids
 from pipeline.data.prepare import read_rejects, write_rejects
@@ -28,7 +28,7 @@ from pipeline.data.remote_code import load_tokenizer
 from pipeline.engines.base import Engine
 from pipeline.regen.conversation import TOO_LONG, Conversation, State, answer_message, make_turn
 from pipeline.regen.sampling import request_sampling, turn_seed
-from pipeline.run.outdir import check_lease
+from pipeline.core.lifecycle import check_lease
 
 
 @functools.lru_cache(maxsize=4)
@@ -68,10 +68,8 @@ class RegenPlan:
 
     def finished(self, run_dir: Path, index: int) -> RegenResult | None:
         paths = rd.part_paths(run_dir, index)
-        marker = read_marker(paths["marker"])
-        if marker is None or not files_intact(run_dir, marker.get("files")):
-            return None
-        if any(sha256_file(Path(run_dir) / rel) != info.get("sha256") for rel, info in marker["files"].items()):
+        marker = unit_done(run_dir, paths["marker"])
+        if marker is None:
             return None
         return RegenResult(index=index, rejects=read_rejects(paths["rejects"]), counts=marker.get("counts") or {},
                            files=marker["files"], skipped=True)
@@ -145,7 +143,7 @@ class RegenStage:
                          "turns": [t.row() for t in state.turns], "end_reason": state.end_reason,
                          "end_detail": state.end_detail})
         counts = _counts(states)
-        check_lease(run_dir, self.plan.lease_token, rd.LOCK)
+        check_lease(run_dir, self.plan.lease_token, rd.REGEN_DIR)
         paths["parquet"].parent.mkdir(parents=True, exist_ok=True)
         if rejects:
             write_rejects(paths["rejects"], rejects)
@@ -155,7 +153,7 @@ class RegenStage:
             pq.write_table(pa.Table.from_pylist(rows, schema=rd.SCHEMA), tmp)
         written = [paths["parquet"]] + ([paths["rejects"]] if rejects else [])
         files = file_records(run_dir, written)
-        check_lease(run_dir, self.plan.lease_token, rd.LOCK)
+        check_lease(run_dir, self.plan.lease_token, rd.REGEN_DIR)
         write_marker(paths["marker"], {"index": index, "files": files, "counts": counts})
         return RegenResult(index=index, rejects=rejects, counts=counts, files=files)
 

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from pipeline.core.contracts import Capture, PreparedSample, Reject
-from pipeline.core.io import sha256_file
 from pipeline.data.prepare import read_rejects, write_rejects
 from pipeline.engines.base import Engine
 from pipeline.points import Point
-from pipeline.run.outdir import check_lease
+from pipeline.core.lifecycle import check_lease
+from pipeline.shards.directory import RUN_DIR
 from pipeline.shards.layout import rejects_path
 from pipeline.shards.validate import capture_reject
 from pipeline.shards.writer import ShardEntry, completed_shard, write_shard
@@ -72,7 +72,7 @@ class StageSettings:
     storage_dtype: str | None
     metadata: Mapping[str, str]  # the compact provenance stored in every shard
     overlap_writes: bool = False  # write unit k while unit k+1 is captured (runner.overlap_writes)
-    lease_token: str | None = None  # the run directory's lease (pipeline.run.outdir): checked before a shard is finished
+    lease_token: str | None = None  # the run directory's lease (pipeline.core.lifecycle): checked before a shard is finished
 
     def stage(self, engine: Engine) -> "CaptureStage":
         return CaptureStage(engine=engine, settings=self)
@@ -81,14 +81,10 @@ class StageSettings:
         return finished_unit(run_dir, index)
 
 
-def _checksums_match(run_dir: Path, entry: ShardEntry) -> bool:
-    return all(sha256_file(run_dir / rel) == info["sha256"] for rel, info in entry.files.items())
-
-
 def finished_unit(run_dir: Path, index: int) -> UnitResult | None:
     """The result of a unit finished by an earlier invocation: its marker, sizes and sha256 all check out."""
-    entry = completed_shard(run_dir, index)
-    if entry is None or not _checksums_match(run_dir, entry):
+    entry = completed_shard(run_dir, index, sha256=True)
+    if entry is None:
         return None
     return UnitResult(index=index, entry=entry, rejects=read_rejects(rejects_path(run_dir, index)), skipped=True)
 
@@ -138,7 +134,7 @@ class CaptureStage:
                 rejects.append(reject)
             else:
                 items.append((sample, capture))
-        check_lease(run_dir, cfg.lease_token)
+        check_lease(run_dir, cfg.lease_token, RUN_DIR)
         # Capture rejects are written before the shard's completion marker, so a resumed run still reports them.
         if rejects:
             write_rejects(rejects_path(run_dir, index), rejects)
@@ -148,7 +144,7 @@ class CaptureStage:
         if items:
             entry = write_shard(run_dir, index, items, points=[p.label for p in cfg.points],
                                 storage_dtype=cfg.storage_dtype, metadata=cfg.metadata,
-                                before_marker=partial(check_lease, run_dir, cfg.lease_token))
+                                before_marker=partial(check_lease, run_dir, cfg.lease_token, RUN_DIR))
         return UnitResult(index=index, entry=entry, rejects=rejects)
 
     def run_unit(self, run_dir: Path, index: int, samples: Sequence[PreparedSample]) -> UnitResult:

@@ -20,11 +20,12 @@ from pipeline.data.remote_code import RemoteCodeError, load_tokenizer
 from pipeline.run.capture import StageSettings, UnitResult
 from pipeline.run.executor import Executor
 from pipeline.run.gate import DiffGate, GateOutcome
-from pipeline.run import outdir
 from pipeline.run.local import LocalExecutor
 from pipeline.run.ray import RayExecutor
 from pipeline.run.resolve import ResolvedRun, resolve_run
+from pipeline.core import lifecycle
 from pipeline.shards import attestation
+from pipeline.shards.directory import RUN_DIR
 from pipeline.shards.layout import ATTESTATION_NAME, FORMAT_VERSION, PREPARE_REJECTS, REJECTS_DIR
 from pipeline.shards.manifest import manifest_text, write_manifest
 from pipeline.shards.plan import plan_units
@@ -54,6 +55,17 @@ class RunSummary:
     rejects_by_reason: dict[str, int] | None = None  # the manifest's reject counts by reason
     regeneration: dict[str, Any] | None = None  # data from a regeneration directory: who wrote the answers
     engine: Any = None  # the capturing engine's EngineInfo
+
+    @classmethod
+    def of(cls, out_dir: Path, manifest: dict[str, Any], results: list[UnitResult], **timing: Any) -> "RunSummary":
+        """The summary of a finished run: its manifest's figures, the units an earlier invocation finished."""
+        data = (manifest["provenance"].get("data") or {})
+        return cls(out_dir=out_dir, num_samples=manifest["num_samples"], num_tokens=manifest["num_tokens"],
+                   num_shards=len(manifest["shards"]), num_rejects=manifest["rejects"]["total"],
+                   points=manifest["points"], resumed_shards=sum(r.skipped for r in results),
+                   num_truncated=manifest["num_truncated"], storage=manifest["storage"],
+                   rejects_by_reason=manifest["rejects"]["by_reason"], regeneration=data.get("regeneration"),
+                   **timing)
 
 
 def _prepare(run: ResolvedRun) -> tuple[PreparedData, str | None]:
@@ -124,7 +136,7 @@ def _manifest(run: ResolvedRun, prov: dict[str, Any], results: list[UnitResult],
     }
 
 
-def _no_valid_records(run: ResolvedRun, prepared: PreparedData, plan: outdir.Plan) -> NoValidRecords:
+def _no_valid_records(run: ResolvedRun, prepared: PreparedData, plan: lifecycle.Plan) -> NoValidRecords:
     """The error for data without one capturable record; its rejects are written for inspection where that loses
     nothing (a new run directory)."""
     where = "nothing was written"
@@ -134,6 +146,18 @@ def _no_valid_records(run: ResolvedRun, prepared: PreparedData, plan: outdir.Pla
     reasons = count_text(Counter(r.reason for r in prepared.rejects))
     return NoValidRecords(f"no valid records in {run.data_path}: {len(prepared.rejects)} rejected "
                           f"({reasons or 'the file holds no record'}); {where}")
+
+
+def _data_record(prepared: PreparedData) -> dict[str, Any]:
+    regeneration = {"regeneration": prepared.regeneration} if prepared.regeneration else {}
+    return {"source": prepared.source, "sha256": prepared.source_digest, **regeneration}
+
+
+def _stage_settings(run: ResolvedRun, lease_token: str | None, prov: dict[str, Any]) -> StageSettings:
+    cfg = run.cfg
+    return StageSettings(points=run.points, hidden_size=run.model.hidden_size, batch_size=cfg.engine.batch_size,
+                         storage_dtype=cfg.runner.storage_dtype, overlap_writes=cfg.runner.overlap_writes,
+                         lease_token=lease_token, metadata=provenance.compact(prov))
 
 
 def run_extract(dcfg: DictConfig) -> RunSummary:
@@ -147,15 +171,16 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
     digests = provenance.model_digests(run.model, chat_template, cfg.model.trust_remote_code)
     check_answers(prepared.regeneration, digests, run.model.path)
     record = _run_record(run, config, prepared, digests)
-    with outdir.claim(run.out_dir, wait=cfg.wait_for_lock) as lock:
-        plan = outdir.inspect(run.out_dir, record, overwrite=cfg.overwrite)  # refused before any engine starts
+    with lifecycle.claim(run.out_dir, wait=cfg.wait_for_lock, kind=RUN_DIR) as lock:
+        # refused here, before any engine starts
+        plan = lifecycle.inspect(run.out_dir, record, overwrite=cfg.overwrite, kind=RUN_DIR)
         if not prepared.samples:
             raise _no_valid_records(run, prepared, plan)
         gate.probe_references(prepared.samples, executor)  # the reference engines: started, probed, closed
         executor.expect(prepared.samples)  # engines may size their caches from the longest sample
         with executor:  # the primary starts once: the gate probes it, then it captures the run
             outcome = gate.check(executor)  # may stop the run: no shard yet
-            outdir.prepare(run.out_dir, record, plan)
+            lifecycle.prepare(run.out_dir, record, plan, RUN_DIR)
             write_rejects(run.out_dir / PREPARE_REJECTS, prepared.rejects)
             units = plan_units(prepared.samples, max_tokens_per_shard=cfg.runner.max_tokens_per_shard,
                                max_samples_per_shard=cfg.runner.max_samples_per_shard)
@@ -164,26 +189,16 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
             executor_info = executor.info()
             prov = provenance.build(model=run.model, digests=digests, engine=executor_info, points=run.points,
                                     config=config, diff=outcome.summary, loss_mask=prepared.loss_mask,
-                                    data={"source": prepared.source, "sha256": prepared.source_digest,
-                                          **({"regeneration": prepared.regeneration}
-                                             if prepared.regeneration else {})})
-            settings = StageSettings(points=run.points, hidden_size=run.model.hidden_size,
-                                     batch_size=cfg.engine.batch_size, storage_dtype=cfg.runner.storage_dtype,
-                                     overlap_writes=cfg.runner.overlap_writes, lease_token=lock.token,
-                                     metadata=provenance.compact(prov))
+                                    data=_data_record(prepared))
+            settings = _stage_settings(run, lock.token, prov)
             capture_started = time.perf_counter()
             results = executor.run(settings, run.out_dir, units)
             capture_seconds = time.perf_counter() - capture_started
         gate.finish()  # the gate report's HTML, rendered off the capture's critical path, before it is attested
         manifest = _manifest(run, prov, results, prepared)
         # The directory is still this run's: only then may the attestation and the manifest make it finished.
-        outdir.check_lease(run.out_dir, lock.token)
+        lifecycle.check_lease(run.out_dir, lock.token, RUN_DIR)
         attestation.write(run.out_dir, manifest, manifest_text(manifest), key=run.sign_key)
         write_manifest(run.out_dir, manifest)
-    return RunSummary(out_dir=run.out_dir, num_samples=manifest["num_samples"], num_tokens=manifest["num_tokens"],
-                      num_shards=len(manifest["shards"]), num_rejects=manifest["rejects"]["total"],
-                      points=manifest["points"], resumed_shards=sum(r.skipped for r in results),
-                      seconds=time.perf_counter() - started, capture_seconds=capture_seconds, gate=outcome,
-                      num_truncated=manifest["num_truncated"], storage=manifest["storage"],
-                      rejects_by_reason=manifest["rejects"]["by_reason"], regeneration=prepared.regeneration,
-                      engine=executor_info)
+    return RunSummary.of(run.out_dir, manifest, results, seconds=time.perf_counter() - started,
+                         capture_seconds=capture_seconds, gate=outcome, engine=executor_info)

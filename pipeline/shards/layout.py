@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.core.outdir import Layout
+from pipeline.core.outdir import Layout, unusable_dir
 from pipeline.data.regenerated import is_regeneration
 
 FORMAT_VERSION = "3"  # what the writer writes; pipeline.shards.formats reads every version
@@ -57,6 +57,22 @@ def run_conflict(path: Path, *, itself: bool = False) -> str | None:
             return f"{where}: anything written there would make that regeneration fail verification; choose a " \
                    f"directory outside it"
     return None
+
+def check_out(out: Path, name: str, error: type[Exception], *, itself: bool = True, note: str = "",
+              writable: bool = True) -> Path:
+    """The output-directory pre-check every job runs before it reads or starts anything: `out` is neither a run or
+    regeneration directory (with `itself`; a job deciding its own kind's directory passes False and leaves it to
+    pipeline.core.lifecycle) nor inside one, and is a directory (or can become one) this process can write. `error`
+    names it as `name` ("out_dir='/data/r1'", "--out /data/x"), `note` follows the first refusal; `writable`
+    False leaves the write probe to a later `unusable_dir` (an export already complete needs no write)."""
+    if (why := run_conflict(out, itself=itself)) is not None:
+        raise error(f"{name} {why}{note}")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise error(f"{name} exists and is not a directory")
+    if writable and (why := unusable_dir(out)) is not None:
+        raise error(f"{name} {why}")
+    return Path(out)
+
 
 # Tensor names inside a shard's .safetensors file, in the order they are laid out: 8-byte types first so every tensor
 # starts on its natural alignment for zero-copy readers. fp8 storage adds HIDDEN_SCALES [T, P] float32 right after

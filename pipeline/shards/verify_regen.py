@@ -61,6 +61,12 @@ def verify_regeneration(root: Path) -> list[str]:
         manifest = rd.read_manifest(root)
     except (OSError, ValueError) as e:
         return [str(e)]
+    problems, counts = _records_problems(root, manifest)
+    return problems + _totals_problems(root, manifest, counts) + _tree_problems(root, manifest)
+
+
+def _records_problems(root: Path, manifest: dict) -> tuple[list[str], Counter[str]]:
+    """Every listed part, row and turn against the manifest's provenance; the totals the parts hold."""
     prov = manifest.get("provenance") or {}
     sampling, data = prov.get("sampling") or {}, prov.get("data") or {}
     stop = set((sampling.get("stop_token_ids") or {}).get("ids") or [])
@@ -68,7 +74,6 @@ def verify_regeneration(root: Path) -> list[str]:
     max_length = int(((prov.get("config") or {}).get("data") or {}).get("max_length") or 0)
     problems: list[str] = []
     counts: Counter[str] = Counter()
-    ends: Counter[str] = Counter()
     last = (-1, -1)
     for index, part in enumerate(manifest.get("parts") or []):
         found = _part_problems(root, index, part)
@@ -91,13 +96,18 @@ def verify_regeneration(root: Path) -> list[str]:
             if (row["row"], row["sample"]) <= last:
                 problems.append(f"{where}: out of input order (row {row['row']}, sample {row['sample']})")
             last = (row["row"], row["sample"])
-            ends[row["end_reason"]] += 1
             for turn in row["turns"]:
                 problems += _turn_problems(f"{where} turn {turn['turn']}", turn, stop, max_tokens, max_length)
                 counts["turns"] += 1
                 counts["generated_tokens"] += len(turn["output_ids"])
                 counts["prompt_tokens"] += len(turn["prompt_ids"])
                 counts["kept_truncated"] += turn["finish_reason"] == "length"
+    return problems, counts
+
+
+def _totals_problems(root: Path, manifest: dict, counts: Counter[str]) -> list[str]:
+    """The manifest's totals against what the parts and the reject files hold."""
+    problems = []
     for key in ("num_turns", "generated_tokens", "prompt_tokens"):
         mine = counts["turns" if key == "num_turns" else key]
         if manifest.get(key) != mine:
@@ -110,14 +120,19 @@ def verify_regeneration(root: Path) -> list[str]:
     if (manifest.get("rejects") or {}).get("total") != rejects:
         problems.append(f"manifest rejects.total={(manifest.get('rejects') or {}).get('total')!r}, the reject files "
                         f"hold {rejects}")
-    problems += [f"{name}: not a file a regeneration writes" for name in rd.LAYOUT.foreign(root)]
+    return problems
+
+
+def _tree_problems(root: Path, manifest: dict) -> list[str]:
+    """One check of the tree, nested entries included, as a replacement (overwrite=true) makes it
+    (pipeline.core.outdir.Layout.foreign); stale temps; parts the manifest does not list."""
+    problems = [f"{name}: not a file a regeneration writes" for name in rd.LAYOUT.foreign(root)]
     problems += [f"{p.relative_to(root)}: a stale temp file" for p in rd.LAYOUT.stale_temps(root)]
     listed = {p["file"] for p in manifest.get("parts") or []}
     for path in sorted((root / rd.RECORDS_DIR).iterdir()) if (root / rd.RECORDS_DIR).is_dir() else []:
         rel = path.relative_to(root).as_posix()
-        if not rd.LAYOUT.holds(rd.RECORDS_DIR, path.name):
-            problems.append(f"{rel}: not a file a regeneration writes")
-        elif rel.endswith(".parquet") and not rel.endswith(".rejects.parquet") and rel not in listed:
+        if rd.LAYOUT.holds(rd.RECORDS_DIR, path.name) and rel.endswith(".parquet") \
+                and not rel.endswith(".rejects.parquet") and rel not in listed:
             problems.append(f"{rel}: a part the manifest does not list")
     return problems
 

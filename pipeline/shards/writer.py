@@ -18,7 +18,7 @@ import torch
 
 from pipeline.core.contracts import Capture, PreparedSample
 from pipeline.core.io import atomic_path
-from pipeline.core.outdir import clear_marker, file_records, files_intact, read_marker, remove_temps_of, write_marker
+from pipeline.core.outdir import clear_marker, file_records, remove_temps_of, unit_done, write_marker
 from pipeline.core.stfile import StreamingWriter, TensorSpec
 from pipeline.shards import layout
 from pipeline.shards.storage import ShardEncoder, Storage, choose
@@ -174,13 +174,14 @@ def _relative(run_dir: Path, path: Path) -> str:
     return path.relative_to(Path(run_dir)).as_posix()
 
 
-def completed_shard(run_dir: Path, index: int) -> ShardEntry | None:
-    """The entry of shard `index` if its marker exists and its files have the recorded sizes, else None."""
-    record = read_marker(layout.shard_paths(run_dir, index)["marker"])
+def completed_shard(run_dir: Path, index: int, *, sha256: bool = False) -> ShardEntry | None:
+    """The entry of shard `index` if it is done (pipeline.core.outdir.unit_done: its marker, the files' sizes and,
+    with `sha256`, their digests), else None."""
+    record = unit_done(run_dir, layout.shard_paths(run_dir, index)["marker"], sha256=sha256)
     try:
         entry = ShardEntry.from_dict(record) if record is not None else None
     except (ValueError, TypeError):
         return None  # a marker of another shape: the shard is redone
-    if entry is None or entry.name != layout.shard_name(index) or not files_intact(run_dir, entry.files):
+    if entry is None or entry.name != layout.shard_name(index):
         return None
     return entry

@@ -75,6 +75,27 @@ def test_overwrite_removes_only_what_a_run_writes(finished, tmp_path):
     assert verify(out).returncode == 0 and sum(s["num_samples"] for s in shards_of(out)) == 5
 
 
+@pytest.mark.parametrize("user_entry", ["shards/notes.txt", "rejects/sub/", "diff/notes.txt"])
+def test_overwrite_refuses_a_users_entry_inside_a_runs_own_folders(finished, tmp_path, user_entry):
+    """A replacement removes a run's folders whole: what they hold must be the run's, at every depth (one check of
+    the tree, pipeline.core.outdir.Layout.foreign, which verify's regeneration check uses too)."""
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    target = out / user_entry
+    if user_entry.endswith("/"):
+        target.mkdir(parents=True)
+        (target / "mine.txt").write_text("the user's own file")
+    else:
+        target.parent.mkdir(exist_ok=True)
+        target.write_text("the user's own file")
+    before = snapshot(out)
+    refused = extract(out, *SMALL, "overwrite=true", "data.limit=5")
+    assert refused.returncode == 2, output(refused)[-3000:]
+    (line,) = error_lines(refused)
+    assert f"files a run does not write ({user_entry})" in line, line
+    assert {k: v for k, v in snapshot(out).items() if k != ".lock"} == {k: v for k, v in before.items() if k != ".lock"}
+
+
 def test_without_overwrite_a_finished_run_is_never_touched(finished, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(finished, out)

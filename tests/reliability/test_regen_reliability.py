@@ -103,6 +103,21 @@ def test_a_finished_regeneration_is_replaced_only_with_overwrite(clean, tmp_path
     assert parts_of(out) == parts_of(clean[0])
 
 
+@pytest.mark.parametrize("user_entry", ["records/notes.txt", "records/sub/"])
+def test_overwrite_never_removes_a_users_entry_inside_the_records(clean, tmp_path, user_entry):
+    out = tmp_path / "regen"
+    shutil.copytree(clean[0], out)
+    target = out / user_entry
+    target.mkdir() if user_entry.endswith("/") else target.write_text("the user's own file")
+    refused = regenerate(out, "overwrite=true")
+    assert refused.returncode == 2, said(refused)[-3000:]
+    assert f"files a regeneration does not write ({user_entry})" in said(refused)
+    assert target.exists() and parts_of(out) == parts_of(clean[0]) and (out / "manifest.json").is_file()
+    broken = subprocess.run([sys.executable, "-m", "pipeline.verify", str(out)], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert broken.returncode == 3 and f"{user_entry}: not a file a regeneration writes" in broken.stderr
+
+
 @pytest.mark.parametrize("override, message", [
     ("gate.mode=off", "gate.mode is extract's"),
     ("sampling.n=2", "n > 1 needs a temperature > 0"),

@@ -31,6 +31,18 @@ def test_a_layout_names_what_it_owns_and_nothing_else(tmp_path):
     assert not DEMO.is_done(tmp_path / "missing")
 
 
+def test_what_an_owned_folder_holds_is_checked_too(tmp_path):
+    """A replacement removes owned folders whole: a user's file or folder inside one is foreign, named with its path;
+    a killed writer's temp file there is the layout's own."""
+    parts = tmp_path / "parts"
+    (parts / "sub").mkdir(parents=True)
+    for name in ("part-1.bin", ".part-2.bin.x1.tmp", "notes.txt"):
+        (parts / name).touch()
+    (parts / "part-3.bin").symlink_to(parts / "part-1.bin")  # a link is not the layout's to remove or vouch for
+    (tmp_path / "mine").mkdir()
+    assert DEMO.foreign(tmp_path) == ["mine/", "parts/notes.txt", "parts/part-3.bin", "parts/sub/"]
+
+
 def test_stale_temps_are_those_of_owned_names_at_any_depth_of_owned_folders(tmp_path):
     nested = tmp_path / "parts" / "00"
     nested.mkdir(parents=True)
