@@ -47,7 +47,8 @@ def synthetic_samples(num_tokens: int, seed: int = 0, vocab: int = 160_000):
 def capture_and_write(engine, samples, settings, run_dir: Path, tokens_per_shard: int, overlap: bool) -> float:
     """Seconds for the capture stage over `samples` as extract's local runner runs it (with `overlap`, unit k is
     written while unit k+1 is captured: runner.overlap_writes); any reject fails the bench."""
-    from pipeline.run.capture import CaptureStage, run_units
+    from pipeline.run.capture import CaptureStage
+    from pipeline.run.contract import run_units
     from pipeline.shards.plan import plan_units
 
     stage = CaptureStage(engine=engine, settings=settings)

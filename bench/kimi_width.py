@@ -188,7 +188,7 @@ def stages(stage, units, work: Path) -> dict[str, float]:
 
 def whole(stage, units, work: Path, overlap: bool) -> tuple[float, int]:
     """GB/s of the whole path as extract runs it, and its peak RSS above the resident size before it."""
-    from pipeline.run.capture import run_units
+    from pipeline.run.contract import run_units
 
     def check(result) -> None:
         if result.rejects:

@@ -1,4 +1,4 @@
-"""The regeneration job's config (`python -m pipeline.regenerate`, conf/regenerate/regenerate.yaml): the groups extract
+"""The regeneration job's config (`python -m pipeline.regenerate`, conf/regenerate.yaml): the groups extract
 uses (model, engine, data, runner) and what regeneration adds (sampling, the truncated-turn policy). Its config is
 closed like every job's: an extract-only key (`capture.points`, `sign_key`) is refused by name. `gate` and `diff`
 are declared only so that one recipe (`+exp=kimi`) serves both jobs; regeneration compares no hidden states, and

@@ -66,7 +66,7 @@ class EngineSpec:
     dtype: str = Dtype.auto  # one of Dtype
     batch_size: int = 8  # samples per engine call
     tp_size: int = 1  # tensor-parallel ranks (GPUs) of one replica
-    options: dict[str, Any] = field(default_factory=dict)  # engine-specific, validated by the adapter
+    options: dict[str, Any] = field(default_factory=dict)  # engine-specific: its options class (engines/options.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in tuple(Dtype):

@@ -1,4 +1,8 @@
-"""Every JSON document the pipeline reads, read one way: bounded in size and nesting, then accessed by typed fields.
+"""The JSON documents the pipeline reads from outside (files a user or another process may have written or
+edited), read one way: bounded in size and nesting, then accessed by typed fields. Still parsed with `json.loads`
+directly: values this process serialised itself, a checkpoint's own config files (the factory's, the engines'), and
+JSON strings inside records (a regeneration part's messages, a recorded or generated tool call's arguments: to be
+read through here, issue #35).
 
 A file (a draft's config.json, a run's manifest.json and run.json, an export's export.json, a unit's marker) or a
 string (a safetensors metadata value, a JSON command-line argument) is refused before it is parsed when it is larger

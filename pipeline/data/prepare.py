@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.core.cli import UsageError
 from pipeline.core.contracts import PreparedSample, Reject
 from pipeline.core.io import atomic_path
 from pipeline.data.bounds import RecordBounds
@@ -35,6 +36,10 @@ REJECTS_SCHEMA = pa.schema(
         ("detail", pa.string()),
     ]
 )
+
+
+class NoValidRecords(UsageError):
+    """The data holds no record a job can use (extract: capture; regenerate: regenerate); the rejects say why."""
 
 
 @dataclass

@@ -2,7 +2,7 @@
 checkpoint format (random weights, a tokenizer trained on the bundled conversations).
 
 A product feature outside the library's layers: the entry points call `build_step` as the job's first explicit step
-(`materialise` for one recipe), and the setup script builds every recipe (`python -m pipeline.factory.tiny`); no
+(`materialise` for one recipe), and the setup script builds every recipe (`python -m pipeline.factory`); no
 library layer imports it (an import-linter contract), so validating a config never builds anything.
 """
 from __future__ import annotations

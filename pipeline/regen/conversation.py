@@ -36,7 +36,6 @@ class Conversation:
     messages: tuple[dict[str, Any], ...]  # the record's parsed messages
     tools: list[Any] | None
     seed: int
-    num_tokens: int = 0  # the first prompt's tokens (progress)
 
 
 @dataclass(kw_only=True)

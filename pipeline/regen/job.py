@@ -23,13 +23,12 @@ from omegaconf import DictConfig
 from pipeline import provenance
 from pipeline.config import ConfigError, RegenerateConfig, resolved_dict, to_config
 from pipeline.config.checks import check_data_path, resolve_model
-from pipeline.core.cli import UsageError
 from pipeline.core import lifecycle
 from pipeline.core.io import sha256_json
 from pipeline.core.outdir import write_json
 from pipeline.data import regenerated as rd
 from pipeline.data.mask import turn_ids
-from pipeline.data.prepare import write_rejects
+from pipeline.data.prepare import NoValidRecords, write_rejects
 from pipeline.data.remote_code import RemoteCodeError, load_tokenizer
 from pipeline.engines.registry import check_name, check_options
 from pipeline.models.info import ModelInfo
@@ -37,9 +36,8 @@ from pipeline.regen.prompts import Prompts, read_prompts
 from pipeline.regen.sampling import stop_token_ids
 from pipeline.regen.stage import RegenPlan, RegenResult
 from pipeline.run.executor import Executor
-from pipeline.run.local import LocalExecutor
+from pipeline.run.executors import executor_for
 from pipeline.run.progress import RunProgress
-from pipeline.run.ray import RayExecutor
 from pipeline.shards.layout import check_out
 
 log = logging.getLogger(__name__)
@@ -55,10 +53,6 @@ DETERMINISM = ("greedy: the same ids on every resume and rerun on the same machi
                "0.5.23 on CPU ignores per-request seeds (it reads them only with deterministic inference, which "
                "its CPU attention backend refuses): its sampled ids depend on the batch, and each turn's applied "
                "values say seed_honoured false)")
-
-
-class NoValidRecords(UsageError, RuntimeError):
-    """The prompt file holds no record that can be regenerated."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,17 +80,6 @@ def _check(cfg: RegenerateConfig) -> tuple[Path, ModelInfo, dict[str, Any], dict
                           f"prompt file it was made from")
     check_data_path(cfg.data)
     return out, resolve_model(cfg.model), sampling, origin
-
-
-def _executor(cfg: RegenerateConfig, model: ModelInfo) -> Executor:
-    where = dict(model_path=str(model.path), points=[], num_layers=model.num_layers,
-                 trust_remote_code=cfg.model.trust_remote_code, task="generate")
-    try:
-        if cfg.runner.name == "ray":
-            return RayExecutor(cfg.runner, spec=cfg.engine, **where)
-        return LocalExecutor(cfg.engine, **where)
-    except FileNotFoundError as e:
-        raise ConfigError(str(e)) from e
 
 
 def _stable(config: dict[str, Any]) -> dict[str, Any]:
@@ -195,7 +178,8 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
              prompts.num_records, prompts.source, len(prompts.rejects))
     digests = provenance.model_digests(model, getattr(tokenizer, "chat_template", None), cfg.model.trust_remote_code)
     record = _start_record(config, prompts, digests)
-    executor = _executor(cfg, model)
+    executor = executor_for(cfg.runner, cfg.engine, model_path=str(model.path), points=[],
+                            num_layers=model.num_layers, trust_remote_code=cfg.model.trust_remote_code, task="generate")
     executor.expect(longest=cfg.data.max_length)  # prompt and answer together
     with lifecycle.claim(out, wait=cfg.wait_for_lock, kind=rd.REGEN_DIR) as lock:
         plan = lifecycle.inspect(out, record, overwrite=cfg.overwrite, kind=rd.REGEN_DIR)  # before any engine starts
@@ -213,7 +197,7 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
                               sampling=sampling, stop_ids=stop_ids, max_length=cfg.data.max_length,
                               keep_truncated=cfg.sampling.truncated == "keep", lease_token=lock.token)
             generate_started = time.perf_counter()
-            results = executor.run(stage, out, units, progress=RunProgress(units, "regenerate"))
+            results = executor.run(stage, out, units, progress=RunProgress(units, "regenerate", produced=True))
             generate_seconds = time.perf_counter() - generate_started
         manifest = _manifest(cfg, config, model, digests, engine, prompts, results, sampling, origin, stop, out)
         lifecycle.check_lease(out, lock.token, rd.REGEN_DIR)  # still this job's directory: only then is it finished

@@ -1,56 +1,31 @@
 """The capture stage: one work unit (the samples of one shard) -> engine batches -> validation -> one shard.
 
-A stage knows nothing of how it is run; executors (local, Ray) hand it units and skip finished ones. A unit has two
-halves: `compute` (the engine's) and `write` (validation, safetensors + parquet, checksums: the driver's CPU). An
-engine computing on GPUs leaves the host idle, so `run_units` can write unit k while the engine captures unit k+1.
-The regeneration stage (pipeline/regen/stage.py) has the same two halves and runs through the same executors: the
-`Stage` and `StagePlan` shapes below are what an executor needs of either.
+A stage knows nothing of how it is run (pipeline.run.contract); executors (local, Ray) hand it units and skip
+finished ones. `compute` is the engine's capture, `write` validates every capture and writes the shard.
 """
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Mapping, Sequence
 
-from pipeline.core.contracts import Capture, PreparedSample, Reject
+from pipeline.core.contracts import CPU_THREADS, Capture, PreparedSample, Reject
+from pipeline.core.lifecycle import check_lease
+from pipeline.core.stfile import read_header
 from pipeline.data.prepare import read_rejects, write_rejects
 from pipeline.engines.base import Engine
 from pipeline.points import Point
-from pipeline.core.lifecycle import check_lease
+from pipeline.run.contract import UnitResult
 from pipeline.shards.directory import RUN_DIR
 from pipeline.shards.layout import rejects_path
 from pipeline.shards.validate import capture_reject
 from pipeline.shards.writer import ShardEntry, completed_shard, write_shard
 
 
-
-class Stage(Protocol):
-    """A stage bound to one engine: `compute` is the engine's half of a unit, `write` the driver's."""
-
-    def compute(self, items: Sequence[Any]) -> Any: ...
-
-    def write(self, run_dir: Path, index: int, items: Sequence[Any], computed: Any) -> Any: ...
-
-
-class StagePlan(Protocol):
-    """What an executor runs (small and picklable: it travels to Ray actors): the stage for a replica's engine, and
-    the result of a unit an earlier invocation finished (None: still to run)."""
-
-    overlap_writes: bool
-
-    def stage(self, engine: Engine) -> Stage: ...
-
-    def finished(self, run_dir: Path, index: int) -> Any: ...
-
-
 @dataclass(kw_only=True)
-class UnitResult:
-    index: int
+class ShardResult(UnitResult):
     entry: ShardEntry | None  # None when every sample of the unit was rejected
-    rejects: list[Reject] = field(default_factory=list)
-    skipped: bool = False  # finished by an earlier invocation
 
 
 def _batches(samples: Sequence[PreparedSample], batch_size: int) -> list[list[PreparedSample]]:
@@ -77,30 +52,19 @@ class StageSettings:
     def stage(self, engine: Engine) -> "CaptureStage":
         return CaptureStage(engine=engine, settings=self)
 
-    def finished(self, run_dir: Path, index: int) -> UnitResult | None:
+    def finished(self, run_dir: Path, index: int) -> ShardResult | None:
         return finished_unit(run_dir, index)
 
+    def resume_warning(self, run_dir: Path, finished: Sequence[ShardResult]) -> str | None:
+        return mixed_threads(run_dir, finished, self.metadata)
 
-def finished_unit(run_dir: Path, index: int) -> UnitResult | None:
+
+def finished_unit(run_dir: Path, index: int) -> ShardResult | None:
     """The result of a unit finished by an earlier invocation: its marker, sizes and sha256 all check out."""
     entry = completed_shard(run_dir, index, sha256=True)
     if entry is None:
         return None
-    return UnitResult(index=index, entry=entry, rejects=read_rejects(rejects_path(run_dir, index)), skipped=True)
-
-
-def unfinished_units(run_dir: Path, num_units: int, on_finished: Callable[[Any], None],
-                     plan: StagePlan | None = None) -> list[int]:
-    """Indices of the units still to run; each unit finished by an earlier invocation (as `plan` judges it: the
-    capture stage's shards by default) goes to `on_finished`."""
-    todo = []
-    for index in range(num_units):
-        finished = plan.finished(run_dir, index) if plan is not None else finished_unit(run_dir, index)
-        if finished is None:
-            todo.append(index)
-        else:
-            on_finished(finished)
-    return todo
+    return ShardResult(index=index, entry=entry, rejects=read_rejects(rejects_path(run_dir, index)), skipped=True)
 
 
 @dataclass(kw_only=True)
@@ -119,7 +83,7 @@ class CaptureStage:
     compute = capture
 
     def write(self, run_dir: Path, index: int, samples: Sequence[PreparedSample],
-              captures: Mapping[str, Capture]) -> UnitResult:
+              captures: Mapping[str, Capture]) -> ShardResult:
         """The driver's half: validate every capture against its prepared sample, write the shard and its rejects."""
         cfg = self.settings
         items, rejects = [], []
@@ -145,30 +109,30 @@ class CaptureStage:
             entry = write_shard(run_dir, index, items, points=[p.label for p in cfg.points],
                                 storage_dtype=cfg.storage_dtype, metadata=cfg.metadata,
                                 before_marker=partial(check_lease, run_dir, cfg.lease_token, RUN_DIR))
-        return UnitResult(index=index, entry=entry, rejects=rejects)
+        return ShardResult(index=index, entry=entry, rejects=rejects)
 
-    def run_unit(self, run_dir: Path, index: int, samples: Sequence[PreparedSample]) -> UnitResult:
+    def run_unit(self, run_dir: Path, index: int, samples: Sequence[PreparedSample]) -> ShardResult:
         return self.write(run_dir, index, samples, self.capture(samples))
 
 
-def run_units(stage: Stage, run_dir: Path, units: Iterable[tuple[int, Sequence[Any]]],
-              on_done: Callable[[Any], None], *, overlap: bool) -> None:
-    """Run units in order; with `overlap`, unit k is written on a thread while the engine captures unit k+1.
-
-    Overlapped, at most two units' captures are in memory (the one being written, the one just captured). A failed
-    write surfaces at the next unit boundary; a failed capture waits for the write in flight, so no shard is left
-    half written by this process.
-    """
-    if not overlap:
-        for index, samples in units:
-            on_done(stage.write(run_dir, index, samples, stage.compute(samples)))
-        return
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer") as writer:
-        pending: Future[UnitResult] | None = None
-        for index, samples in units:
-            captures = stage.compute(samples)
-            if pending is not None:
-                on_done(pending.result())
-            pending = writer.submit(stage.write, run_dir, index, samples, captures)
-        if pending is not None:
-            on_done(pending.result())
+def mixed_threads(run_dir: Path, finished: Sequence[ShardResult], metadata: Mapping[str, str]) -> str | None:
+    """What a resume is about to mix, in one line: the finished shards' CPU threads (each shard's metadata) against
+    this invocation's (`metadata`, its compact provenance), where both are recorded; None when nothing differs."""
+    now = metadata.get(CPU_THREADS)
+    if now is None:
+        return None
+    then: dict[str, list[str]] = {}
+    for result in finished:
+        if result.entry is None:
+            continue
+        rel = next(name for name in result.entry.files if name.endswith(".safetensors"))
+        threads = read_header(run_dir / rel)[1].get(CPU_THREADS)
+        if threads is not None and threads != now:
+            then.setdefault(threads, []).append(result.entry.name)
+    if not then:
+        return None
+    earlier = "; ".join(f"{', '.join(names)} with {threads}" for threads, names in sorted(then.items()))
+    return (f"resuming with {now} CPU thread(s) per engine, but finished shards were captured with another count "
+            f"({earlier}): bf16 CPU kernels reduce in another order on another count, so this run's shards may "
+            f"differ in the last bits from an uninterrupted run's (each shard's metadata records its count); to keep "
+            f"one count, rerun with OMP_NUM_THREADS={min(then)}, or replace the run with overwrite=true")

@@ -1,4 +1,5 @@
-"""The executor contract: run the capture stage's units on engine replicas and hand back one result per unit.
+"""The executor contract: run a stage's units (pipeline.run.contract) on engine replicas and hand back one result per
+unit; nothing here knows what a stage writes.
 
 What every executor does is here: which units are still to run (finished ones are checked and skipped), progress,
 failures, and results in unit order. A subclass decides only where the replicas live and how units reach them
@@ -11,15 +12,14 @@ from __future__ import annotations
 import abc
 import logging
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from pipeline.core.cli import RunFailed
-from pipeline.core.contracts import CPU_THREADS, Capture, EngineInfo, EngineSpec, PreparedSample
-from pipeline.core.stfile import read_header
+from pipeline.core.contracts import Capture, EngineInfo, EngineSpec, PreparedSample
 from pipeline.engines.base import Engine, Task
 from pipeline.engines.registry import make_engine
 from pipeline.points import Point
-from pipeline.run.capture import StagePlan, UnitResult, unfinished_units
+from pipeline.run.contract import StagePlan, UnitResult, unfinished_units
 from pipeline.run.progress import RunProgress
 
 T = TypeVar("T")
@@ -85,34 +85,10 @@ class Executor(abc.ABC):
                 progress.unit_done(result)
 
             todo = unfinished_units(run_dir, len(units), done, settings)
-            if results and todo and (warning := mixed_threads(run_dir, list(results.values()),
-                                                                          getattr(settings, "metadata", {}))):
+            if results and todo and (warning := settings.resume_warning(run_dir, list(results.values()))):
                 log.warning("%s", warning)
             failures = self._run_units(settings, run_dir, units, todo, done)
         if failures:
             raise UnitsFailed("; ".join(f"unit {i} ({units[i][0].sample_id}...): {err}"
                                         for i, err in sorted(failures.items())))
         return [results[i] for i in range(len(units))]
-
-
-def mixed_threads(run_dir: Path, finished: Sequence[UnitResult], metadata: Mapping[str, str]) -> str | None:
-    """What a resume is about to mix, in one line: the finished shards' CPU threads (each shard's metadata) against
-    this invocation's (`metadata`, its compact provenance), where both are recorded; None when nothing differs."""
-    now = metadata.get(CPU_THREADS)
-    if now is None:
-        return None
-    then: dict[str, list[str]] = {}
-    for result in finished:
-        if result.entry is None:
-            continue
-        rel = next(name for name in result.entry.files if name.endswith(".safetensors"))
-        threads = read_header(run_dir / rel)[1].get(CPU_THREADS)
-        if threads is not None and threads != now:
-            then.setdefault(threads, []).append(result.entry.name)
-    if not then:
-        return None
-    earlier = "; ".join(f"{', '.join(names)} with {threads}" for threads, names in sorted(then.items()))
-    return (f"resuming with {now} CPU thread(s) per engine, but finished shards were captured with another count "
-            f"({earlier}): bf16 CPU kernels reduce in another order on another count, so this run's shards may "
-            f"differ in the last bits from an uninterrupted run's (each shard's metadata records its count); to keep "
-            f"one count, rerun with OMP_NUM_THREADS={min(then)}, or replace the run with overwrite=true")

@@ -12,16 +12,13 @@ from omegaconf import DictConfig
 
 from pipeline import provenance
 from pipeline.config import ConfigError, resolved_dict, to_config
-from pipeline.core.cli import UsageError
 from pipeline.data.load import load_samples
-from pipeline.data.prepare import PreparedData, write_rejects
+from pipeline.data.prepare import NoValidRecords, PreparedData, write_rejects
 from pipeline.run.answers import check_answers
 from pipeline.data.remote_code import RemoteCodeError, load_tokenizer
-from pipeline.run.capture import StageSettings, UnitResult
-from pipeline.run.executor import Executor
+from pipeline.run.capture import ShardResult, StageSettings
+from pipeline.run.executors import executor_for
 from pipeline.run.gate import DiffGate, GateOutcome
-from pipeline.run.local import LocalExecutor
-from pipeline.run.ray import RayExecutor
 from pipeline.run.resolve import ResolvedRun, resolve_run
 from pipeline.core import lifecycle
 from pipeline.shards import attestation
@@ -32,10 +29,6 @@ from pipeline.shards.plan import plan_units
 from pipeline.shards.storage import run_record
 
 log = logging.getLogger(__name__)
-
-
-class NoValidRecords(UsageError, RuntimeError):
-    """The data holds no record that can be captured; nothing to run (the rejects say why)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +50,7 @@ class RunSummary:
     engine: Any = None  # the capturing engine's EngineInfo
 
     @classmethod
-    def of(cls, out_dir: Path, manifest: dict[str, Any], results: list[UnitResult], **timing: Any) -> "RunSummary":
+    def of(cls, out_dir: Path, manifest: dict[str, Any], results: list[ShardResult], **timing: Any) -> "RunSummary":
         """The summary of a finished run: its manifest's figures, the units an earlier invocation finished."""
         data = (manifest["provenance"].get("data") or {})
         return cls(out_dir=out_dir, num_samples=manifest["num_samples"], num_tokens=manifest["num_tokens"],
@@ -97,20 +90,7 @@ def _run_record(run: ResolvedRun, config: dict[str, Any], prepared: PreparedData
             "remote_code": digests["remote_code"], "code": provenance.code_version()}
 
 
-def _executor(run: ResolvedRun) -> Executor:
-    """The configured executor; constructing it loads nothing, but an engine whose adapter or environment is absent
-    (or runner=ray without Ray) fails here, before the gate."""
-    where = dict(model_path=str(run.model.path), points=run.points, num_layers=run.model.num_layers,
-                 trust_remote_code=run.cfg.model.trust_remote_code)
-    try:
-        if run.cfg.runner.name == "ray":
-            return RayExecutor(run.cfg.runner, spec=run.cfg.engine, **where)
-        return LocalExecutor(run.cfg.engine, **where)
-    except FileNotFoundError as e:
-        raise ConfigError(str(e)) from e
-
-
-def _manifest(run: ResolvedRun, prov: dict[str, Any], results: list[UnitResult],
+def _manifest(run: ResolvedRun, prov: dict[str, Any], results: list[ShardResult],
               prepared: PreparedData) -> dict[str, Any]:
     entries = [r.entry for r in results if r.entry is not None]
     rejects = list(prepared.rejects) + [rej for r in results for rej in r.rejects]
@@ -164,7 +144,8 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
     started = time.perf_counter()
     cfg = to_config(dcfg)
     run = resolve_run(cfg)  # every config error surfaces here, before any model loads
-    executor = _executor(run)
+    executor = executor_for(cfg.runner, cfg.engine, model_path=str(run.model.path), points=run.points,
+                            num_layers=run.model.num_layers, trust_remote_code=cfg.model.trust_remote_code)
     gate = DiffGate.create(cfg, run.model, run.points, run.out_dir)  # GateOff when gate.mode=off
     config = resolved_dict(dcfg)
     prepared, chat_template = _prepare(run)

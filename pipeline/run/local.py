@@ -7,7 +7,7 @@ from typing import Sequence
 
 from pipeline.core.contracts import Capture, EngineInfo, PreparedSample
 from pipeline.engines.base import Engine, EngineStartError, error_summary
-from pipeline.run.capture import StagePlan, UnitResult, run_units
+from pipeline.run.contract import StagePlan, UnitResult, run_units
 from pipeline.run.executor import Executor, OnDone
 
 log = logging.getLogger(__name__)

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from pipeline.core.bar import live_bar
-from pipeline.core.contracts import PreparedSample
-from pipeline.run.capture import UnitResult
+from pipeline.run.contract import UnitResult
 
 log = logging.getLogger("pipeline.run")
 
@@ -15,12 +14,13 @@ log = logging.getLogger("pipeline.run")
 class RunProgress:
     """Samples done, tokens/s and ETA; units finished by an earlier invocation do not inflate the rate.
 
-    The tokens counted are the units' own (captured tokens), or, for a stage whose results say how many tokens they
-    produced (`result.generated_tokens`: regeneration), those; the ETA then follows the samples left."""
+    The tokens counted are the units' own (`PreparedSample.num_tokens`: captured tokens), or, with `produced`, the
+    tokens each unit's result says it produced (`UnitResult.produced_tokens`: regeneration's generated tokens, known
+    only when the unit ends); the ETA then follows the samples left."""
 
-    def __init__(self, units: Sequence[Sequence[PreparedSample]], label: str = "capture") -> None:
+    def __init__(self, units: Sequence[Sequence[Any]], label: str = "capture", *, produced: bool = False) -> None:
         self._label = label
-        self._tokens = [sum(s.num_tokens for s in u) for u in units]
+        self._tokens = [0 if produced else sum(s.num_tokens for s in u) for u in units]
         self._samples = [len(u) for u in units]
         self._num_units = len(units)
         self._left = sum(self._tokens)
@@ -40,7 +40,7 @@ class RunProgress:
         self._bar.stop()
 
     def unit_done(self, result: UnitResult) -> None:
-        produced = getattr(result, "generated_tokens", None)
+        produced = result.produced_tokens
         tokens, num_samples = self._tokens[result.index] if produced is None else produced, self._samples[result.index]
         self._left -= self._tokens[result.index]
         self._samples_left -= num_samples

@@ -28,7 +28,7 @@ from pipeline.core.contracts import Capture, EngineInfo, PreparedSample
 from pipeline.engines.base import Engine, EngineStartError, error_summary
 from pipeline.engines.process.remote import EngineWorkerError
 from pipeline.engines.registry import make_engine
-from pipeline.run.capture import StagePlan
+from pipeline.run.contract import StagePlan
 from pipeline.run.executor import Executor, OnDone
 
 log = logging.getLogger(__name__)

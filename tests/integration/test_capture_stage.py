@@ -9,7 +9,8 @@ from pipeline.core.contracts import EngineSpec, PreparedSample
 from pipeline.engines.registry import make_engine
 from pipeline.models.info import read_model_info
 from pipeline.points import parse_points
-from pipeline.run.capture import CaptureStage, StageSettings, finished_unit, run_units
+from pipeline.run.capture import CaptureStage, StageSettings, finished_unit
+from pipeline.run.contract import run_units
 from tests.helpers.samples import samples_of
 
 pytestmark = [pytest.mark.integration]

@@ -18,7 +18,7 @@ from pipeline.engines.base import EngineStartError
 from pipeline.exports.slots import ExportError, RunDoesNotVerify
 from pipeline.run.executor import UnitsFailed
 from pipeline.run.gate import DiffGateError
-from pipeline.run.job import NoValidRecords
+from pipeline.data.prepare import NoValidRecords
 from pipeline.shards.manifest import ManifestError
 
 

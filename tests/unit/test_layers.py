@@ -22,7 +22,7 @@ def lint(cwd: Path) -> subprocess.CompletedProcess:
 def test_the_import_contracts_hold():
     done = lint(REPO)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "5 kept, 0 broken" in done.stdout
+    assert "7 kept, 0 broken" in done.stdout
 
 
 def test_an_upward_import_breaks_the_layers(tmp_path):
@@ -33,3 +33,14 @@ def test_an_upward_import_breaks_the_layers(tmp_path):
     done = lint(tmp_path)
     assert done.returncode == 1
     assert "BROKEN" in done.stdout and "pipeline.points -> pipeline.run.job" in done.stdout
+
+
+def test_an_executor_reading_shards_breaks_its_contract(tmp_path):
+    """The executor runs any stage through pipeline.run.contract: a shard import in it is refused."""
+    shutil.copytree(REPO / "pipeline", tmp_path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    executor = tmp_path / "pipeline" / "run" / "executor.py"
+    executor.write_text(executor.read_text() + "\nfrom pipeline.shards import layout  # noqa: E402,F401\n")
+    done = lint(tmp_path)
+    assert done.returncode == 1
+    assert "The executors know nothing of shards BROKEN" in done.stdout, done.stdout[-3000:]

@@ -1,0 +1,91 @@
+"""The stage contract every executor runs (local, Ray), whatever the stage (capture, regeneration): a unit of work
+has two halves, `compute` (the engine's) and `write` (the driver's CPU: validation, files, checksums), and a result.
+
+Executors know only this module: which units an earlier invocation finished (the stage judges its own files), the
+units still to run, in order, and with `overlap` unit k written on a thread while the engine computes unit k+1 (an
+engine computing on GPUs leaves the host idle).
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Protocol, Sequence
+
+from pipeline.core.contracts import Reject
+from pipeline.engines.base import Engine
+
+
+@dataclass(kw_only=True)
+class UnitResult:
+    """What a unit left: its index, what it rejected, whether an earlier invocation had finished it."""
+
+    index: int
+    rejects: list[Reject] = field(default_factory=list)
+    skipped: bool = False  # finished by an earlier invocation
+
+    @property
+    def produced_tokens(self) -> int | None:
+        """Tokens the unit produced, where that is not its input (regeneration's generated tokens); None: its input
+        tokens are the measure (capture)."""
+        return None
+
+
+class Stage(Protocol):
+    """A stage bound to one engine: `compute` is the engine's half of a unit, `write` the driver's."""
+
+    def compute(self, items: Sequence[Any]) -> Any: ...
+
+    def write(self, run_dir: Path, index: int, items: Sequence[Any], computed: Any) -> UnitResult: ...
+
+
+class StagePlan(Protocol):
+    """What an executor runs (small and picklable: it travels to Ray actors): the stage for a replica's engine, the
+    result of a unit an earlier invocation finished (None: still to run), and what a resume is about to mix (one
+    line, or None) given the units already finished."""
+
+    overlap_writes: bool
+
+    def stage(self, engine: Engine) -> Stage: ...
+
+    def finished(self, run_dir: Path, index: int) -> UnitResult | None: ...
+
+    def resume_warning(self, run_dir: Path, finished: Sequence[UnitResult]) -> str | None: ...
+
+
+def unfinished_units(run_dir: Path, num_units: int, on_finished: Callable[[Any], None],
+                     plan: StagePlan) -> list[int]:
+    """Indices of the units still to run; each unit finished by an earlier invocation (as `plan` judges it) goes to
+    `on_finished`."""
+    todo = []
+    for index in range(num_units):
+        finished = plan.finished(run_dir, index)
+        if finished is None:
+            todo.append(index)
+        else:
+            on_finished(finished)
+    return todo
+
+
+def run_units(stage: Stage, run_dir: Path, units: Iterable[tuple[int, Sequence[Any]]],
+              on_done: Callable[[Any], None], *, overlap: bool) -> None:
+    """Run units in order; with `overlap`, unit k is written on a thread while the engine computes unit k+1.
+
+    Overlapped, at most two units' results are in memory (the one being written, the one just computed). A failed
+    write surfaces at the next unit boundary; a failed compute waits for the write in flight, so no unit is left
+    half written by this process.
+    """
+    if not overlap:
+        for index, items in units:
+            on_done(stage.write(run_dir, index, items, stage.compute(items)))
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="unit-writer") as writer:
+        pending: Future[UnitResult] | None = None
+        for index, items in units:
+            computed = stage.compute(items)
+            if pending is not None:
+                on_done(pending.result())
+            pending = writer.submit(stage.write, run_dir, index, items, computed)
+        if pending is not None:
+            on_done(pending.result())
+
