@@ -20,7 +20,7 @@ interrupts_from_here(__name__, "diff")  # before the imports below (seconds): Ct
 from omegaconf import DictConfig  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from pipeline.compare.stage import run_diff  # noqa: E402
+from pipeline.compare.job import run_diff  # noqa: E402
 from pipeline.compare.tables import verdict_table  # noqa: E402
 from pipeline.config import DiffJobConfig  # noqa: E402
 from pipeline.config.command import HydraJob, run_hydra  # noqa: E402

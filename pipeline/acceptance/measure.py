@@ -1,6 +1,6 @@
 """One acceptance measurement: check the inputs -> doctor each draft -> render the prompts (`prepare`, nothing
 started) -> take the report directory -> one speculative vLLM start per draft and one plain start (the adapter
-`pipeline.engines.vllm.speculate`, in .venv-vllm) -> the report's files (pipeline.acceptance.outdir)."""
+`pipeline.engines.vllm.speculate`, in .venv-vllm) -> the report's files (pipeline.acceptance.report_dir)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pipeline.acceptance import figures as fg
-from pipeline.acceptance import outdir
+from pipeline.acceptance import report_dir
 from pipeline.acceptance.render import html, markdown
 from pipeline.core.cli import RunFailed, UsageError
 from pipeline.core.contracts import EngineSpec
@@ -141,7 +141,7 @@ class Plan:
 def prepare(drafts: Sequence[Path], *, target: Path | None, run: Path | None, export: Path | None, prompts: Path,
             out: Path, overwrite: bool, settings: Settings) -> Plan:
     engine_spec(settings, None, 1)  # the options checked before anything is read or started
-    outdir.check(out, overwrite=overwrite)
+    report_dir.check(out, overwrite=overwrite)
     model_dir = _target_dir(target, run, export)
     doctors = [_doctor(d, model_dir, run, export) for d in drafts]  # every draft read before any engine starts
     ids, rejected = _prompts(prompts, model_dir)
@@ -154,7 +154,7 @@ def measure(drafts: Sequence[Path], *, target: Path | None, run: Path | None, ex
                    settings=settings)
     model_dir, ids = plan.model_dir, plan.prompt_ids
     max_len = max(map(len, ids)) + settings.max_tokens + settings.num_speculative_tokens + 1
-    with outdir.taken(out, overwrite=overwrite):
+    with report_dir.taken(out, overwrite=overwrite):
         served: dict[Path, dict] = {}
         failures: dict[Path, UsageError | RunFailed] = {}
         for d in drafts:  # served before the plain start: a draft vLLM refuses is known early
@@ -168,7 +168,7 @@ def measure(drafts: Sequence[Path], *, target: Path | None, run: Path | None, ex
                 "no draft could be measured: " + "; ".join(str(e) for e in failures.values()))
         plain = _serve(model_dir, None, ids, settings, max_len)
         report = _report(drafts, served, failures, plain, plan, settings, prompts=prompts, run=run, export=export)
-        outdir.write(out, report_json=json.dumps(report, indent=1) + "\n", report_md=markdown(report),
+        report_dir.write(out, report_json=json.dumps(report, indent=1) + "\n", report_md=markdown(report),
                      report_html=html(report))
     return report
 

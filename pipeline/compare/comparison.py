@@ -1,6 +1,6 @@
 """The comparison itself: finished probe runs analysed against the reference, with the model's own checkpoint.
 
-Shared by `python -m pipeline.diff` (pipeline.compare.stage) and the extract gate (pipeline.run.gate).
+Shared by `python -m pipeline.diff` (pipeline.compare.job) and the extract gate (pipeline.run.gate).
 """
 from __future__ import annotations
 

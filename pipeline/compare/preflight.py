@@ -1,5 +1,5 @@
 """What every job checks before any model loads, in one order: the engines' names and options, the output directory,
-the data file, the model. extract (`pipeline.run.resolve`) and diff (`pipeline.compare.stage`) both run `preflight`;
+the data file, the model. extract (`pipeline.run.resolve`) and diff (`pipeline.compare.job`) both run `preflight`;
 each failure is a ConfigError naming the field and the value.
 
 It lives here, not in `pipeline.config`, because it reads the engines' registry and what a run directory holds

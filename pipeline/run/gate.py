@@ -22,7 +22,7 @@ from pipeline.compare.lineup import comparison
 from pipeline.compare.probe import ProbeCapture, ProbeRequest, capture_probe, probe_engine, probe_samples
 from pipeline.compare.report import write_html, write_report
 from pipeline.compare.serialize import summary
-from pipeline.compare.stage import compare, report_config
+from pipeline.compare.job import compare, report_config
 from pipeline.config import ConfigError, ExtractConfig
 from pipeline.core.cli import Refused
 from pipeline.core.contracts import PreparedSample

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.compare.stage import run_diff
+from pipeline.compare.job import run_diff
 from tests.helpers.diff import SMALL_PROBE, diff_composed, second_python
 from tests.helpers.faulty_engines import registered
 

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.compare.html import to_html
 from pipeline.compare.serialize import from_dict, load
-from pipeline.compare.stage import run_diff
+from pipeline.compare.job import run_diff
 from tests.helpers.cli import cli
 from tests.helpers.diff import SMALL_PROBE, diff_composed
 from tests.helpers.markers import CHROMIUM, needs_chromium

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from pipeline.compare.stage import run_diff
+from pipeline.compare.job import run_diff
 from pipeline.run.gate import DiffGateError
 from pipeline.run.job import run_extract
 from tests.helpers.diff import SMALL_PROBE, composed, diff_composed

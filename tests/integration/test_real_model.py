@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pipeline.compare.stage import run_diff
+from pipeline.compare.job import run_diff
 from pipeline.core.contracts import EngineSpec, PreparedSample
 from pipeline.engines.registry import make_engine
 from pipeline.factory.packaged import SMOLLM2, DigestMismatch, extract_member

@@ -1,4 +1,4 @@
-"""The acceptance report's directory (pipeline.acceptance.outdir) on real files: what it refuses before anything is
+"""The acceptance report's directory (pipeline.acceptance.report_dir) on real files: what it refuses before anything is
 measured, the directory it gives back when a measurement fails, and a replacement that writes report.json last."""
 from __future__ import annotations
 
@@ -8,22 +8,22 @@ import sys
 
 import pytest
 
-from pipeline.acceptance import outdir
+from pipeline.acceptance import report_dir
 from pipeline.core.cli import UsageError
 from pipeline.core.faults import FAULT_ENV
 
 
 def _finished(path):
     path.mkdir()
-    outdir.write(path, report_json=json.dumps({"old": True}), report_md="old md", report_html="<p>old</p>")
+    report_dir.write(path, report_json=json.dumps({"old": True}), report_md="old md", report_html="<p>old</p>")
     return path
 
 
 def test_a_finished_report_is_replaced_only_with_overwrite(tmp_path):
     out = _finished(tmp_path / "out")
     with pytest.raises(UsageError, match=r"holds a finished acceptance report \(report.json\); pass --overwrite"):
-        outdir.check(out, overwrite=False)
-    outdir.check(out, overwrite=True)
+        report_dir.check(out, overwrite=False)
+    report_dir.check(out, overwrite=True)
     assert json.loads((out / "report.json").read_text()) == {"old": True}  # checking changes nothing
 
 
@@ -32,21 +32,21 @@ def test_files_the_report_does_not_write_are_refused_by_name(tmp_path):
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     with pytest.raises(UsageError, match=r"does not write \(notes.txt\)"):
-        outdir.check(out, overwrite=True)
+        report_dir.check(out, overwrite=True)
     assert (out / "notes.txt").read_text() == "mine"
 
 
 def test_a_failed_measurement_removes_only_the_directory_it_created(tmp_path):
     new = tmp_path / "new"
     with pytest.raises(RuntimeError):
-        with outdir.taken(new, overwrite=False):
+        with report_dir.taken(new, overwrite=False):
             assert new.is_dir()
             raise RuntimeError("vLLM failed")
     assert not new.exists()
     old = _finished(tmp_path / "old")
     before = {p.name: p.read_bytes() for p in old.iterdir()}
     with pytest.raises(RuntimeError):
-        with outdir.taken(old, overwrite=True):
+        with report_dir.taken(old, overwrite=True):
             raise RuntimeError("vLLM failed")
     assert {p.name: p.read_bytes() for p in old.iterdir()} == before  # the old report as it was
 
@@ -61,7 +61,7 @@ def test_a_directory_another_process_measures_into_is_refused(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(UsageError, match="another accept is measuring into it"):
-            with outdir.taken(out, overwrite=False):
+            with report_dir.taken(out, overwrite=False):
                 pytest.fail("taken while another process holds it")
     finally:
         holder.kill()
@@ -73,10 +73,10 @@ def test_a_replacement_cut_short_never_looks_finished(tmp_path, monkeypatch):
     out = _finished(tmp_path / "out")
     monkeypatch.setenv(FAULT_ENV, "enospc@write:report.html")
     with pytest.raises(OSError):
-        outdir.write(out, report_json=json.dumps({"new": True}), report_md="new md", report_html="<p>new</p>")
+        report_dir.write(out, report_json=json.dumps({"new": True}), report_md="new md", report_html="<p>new</p>")
     assert not (out / "report.json").exists() and (out / "report.md").read_text() == "new md"
-    outdir.check(out, overwrite=False)  # an unfinished report: the next measurement may write there
+    report_dir.check(out, overwrite=False)  # an unfinished report: the next measurement may write there
     monkeypatch.delenv(FAULT_ENV)
-    outdir.write(out, report_json=json.dumps({"new": True}), report_md="new md", report_html="<p>new</p>")
+    report_dir.write(out, report_json=json.dumps({"new": True}), report_md="new md", report_html="<p>new</p>")
     assert json.loads((out / "report.json").read_text()) == {"new": True}
     assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md"]
