@@ -5,7 +5,7 @@ engine that serves it, token ids kept.
     python -m pipeline.regenerate +exp=kimi model.path=/models/Kimi-K2.5 data.path=/data/prompts.jsonl out_dir=/data/regen
     python -m pipeline.extract model=smollm2 data.path=regen          # captures exactly the generated ids
 
-Writes a regeneration directory (pipeline/data/regenerated.py): per conversation and turn, the prompt ids as the
+Writes a regeneration directory (pipeline/data/regeneration/): per conversation and turn, the prompt ids as the
 model's chat template rendered them, the generated ids as the engine produced them, why each turn stopped and the
 sampling values the engine applied; its manifest (written last) holds the engine, versions, kernels, model and
 template digests, sampling, the input's digest and the code version. Rerunning the same command resumes it. Exit

@@ -1,5 +1,5 @@
 """`python -m pipeline.verify RUN_DIR [--key PUB]`: check a finished run directory before training on it, or a
-finished regeneration directory (pipeline.regenerate's) before extracting it (pipeline/shards/verify_regen.py).
+finished regeneration directory (pipeline.regenerate's) before extracting it (pipeline/data/regeneration/verify.py).
 
 With --key (the signer's Ed25519 public key, PEM), the run's attestation must carry a signature by that key and every
 file must be what it attests: what is proven with and without a key is README.md's "What verify proves".
@@ -18,11 +18,11 @@ from pipeline.core.cli import ExitCode, interrupts_from_here, run_command
 
 interrupts_from_here(__name__, "verify")  # before the imports below (seconds): Ctrl-C there is one line too
 
-from pipeline.data.regenerated import is_regeneration  # noqa: E402
+from pipeline.data.regeneration import is_regeneration  # noqa: E402
 from pipeline.shards import attestation  # noqa: E402
 from pipeline.shards.manifest import read_manifest  # noqa: E402
 from pipeline.shards.verify import verify_run  # noqa: E402
-from pipeline.shards.verify_regen import summary, verify_regeneration  # noqa: E402
+from pipeline.data.regeneration.verify import summary, verify_regeneration  # noqa: E402
 
 
 def _summary(run_dir: Path, manifest: dict, key) -> str:

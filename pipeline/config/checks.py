@@ -8,7 +8,7 @@ from pathlib import Path
 from pipeline.config.schema import DataConfig, ModelConfig
 from pipeline.core.cli import ConfigError
 from pipeline.data.remote_code import RemoteCodeError, check_remote_code
-from pipeline.data.regenerated import is_regeneration, read_manifest
+from pipeline.data.regeneration import is_regeneration, read_manifest
 from pipeline.data.sources import check_readable
 from pipeline.models.built import built_model_dir
 from pipeline.models.info import ModelInfo, read_model_info

@@ -1,6 +1,6 @@
 """The data a job reads, from either kind of `data.path`: a prompt file (its recorded answers, tokenised through the
 chat template: pipeline.data.prepare) or a regeneration directory (the target's own answers, their ids as generated:
-pipeline.data.regenerated). Extract and the diff read their samples through here, so both take either."""
+pipeline.data.regeneration). Extract and the diff read their samples through here, so both take either."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +8,7 @@ from typing import Any
 
 from pipeline.data.mask import MaskOptions
 from pipeline.data.prepare import PreparedData, prepare
-from pipeline.data.regenerated import answers_of, is_regeneration, read_regenerated
+from pipeline.data.regeneration import answers_of, is_regeneration, read_regenerated
 
 
 def load_samples(path: str | Path, tokenizer: Any, data: Any, *, limit: int | None,

@@ -26,7 +26,7 @@ from pipeline.config.checks import check_data_path, resolve_model
 from pipeline.core import lifecycle
 from pipeline.core.io import sha256_json
 from pipeline.core.outdir import write_json
-from pipeline.data import regenerated as rd
+from pipeline.data import regeneration as rd
 from pipeline.data.mask import turn_ids
 from pipeline.data.prepare import NoValidRecords, write_rejects
 from pipeline.data.remote_code import RemoteCodeError, load_tokenizer

@@ -10,7 +10,7 @@ from pipeline.core.contracts import Reject
 from pipeline.data.bounds import RecordBounds
 from pipeline.data.ids import sample_id_for
 from pipeline.data.records import iter_records
-from pipeline.data.regenerated import conversation_id
+from pipeline.data.regeneration import conversation_id
 from pipeline.data.sources import RecordError, check_readable, file_digest, parse_record
 from pipeline.regen.conversation import Conversation
 from pipeline.regen.sampling import conversation_seed

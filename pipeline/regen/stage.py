@@ -22,7 +22,7 @@ from pipeline.core.contracts import GenerationRequest, Reject
 from pipeline.core.io import atomic_path
 from pipeline.core.lifecycle import check_lease
 from pipeline.core.outdir import file_records, remove_temps_of, unit_done, write_marker
-from pipeline.data import regenerated as rd
+from pipeline.data import regeneration as rd
 from pipeline.data.mask import encode_chat, turn_ids
 from pipeline.data.prepare import read_rejects, write_rejects
 from pipeline.data.remote_code import load_tokenizer

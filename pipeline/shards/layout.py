@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from pipeline.core.outdir import Layout, unusable_dir
-from pipeline.data.regenerated import is_regeneration
+from pipeline.data.regeneration import is_regeneration
 
 FORMAT_VERSION = "3"  # what the writer writes; pipeline.shards.formats reads every version
 SHARDS_DIR = "shards"

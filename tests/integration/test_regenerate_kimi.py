@@ -81,7 +81,7 @@ def test_reasoning_stays_in_the_ids_where_re_rendering_loses_it(tmp_path, tokeni
     # What a text-only pipeline would train on: the whole conversation re-rendered, every reasoning dropped.
     conversation = history + [{"role": "assistant", "content": "6", "reasoning_content": "Three and three."}]
     assert not _contains(encode_chat(tokenizer, conversation, False), reasoning)
-    from pipeline.data.regenerated import read_regenerated
+    from pipeline.data.regeneration import read_regenerated
 
     data = read_regenerated(out, tokenizer, max_length=4096, length_policy="truncate", limit=None,
                             train_think_tags=False)

@@ -140,7 +140,7 @@ def test_data_path_a_regeneration_and_out_dir_inside_a_run_are_refused(clean, tm
 
 
 def test_extract_rejects_prompt_ids_the_template_no_longer_renders(clean, models_root):
-    from pipeline.data.regenerated import read_regenerated
+    from pipeline.data.regeneration import read_regenerated
     from pipeline.data.remote_code import load_tokenizer
 
     tokenizer = load_tokenizer(models_root / "tiny-llama", False)

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from pipeline.core.contracts import FINISH_REASONS
 from pipeline.core.io import sha256_file
 from pipeline.core.outdir import read_marker
-from pipeline.data import regenerated as rd
+from pipeline.data.regeneration import layout as rd
 from pipeline.data.ids import sample_id_for
 from pipeline.data.prepare import read_rejects
 

@@ -1,5 +1,4 @@
-"""A regeneration directory (written by `python -m pipeline.regenerate`) as extract's data: its layout, its records'
-Parquet schema, and the samples it holds.
+"""A regeneration directory (written by `python -m pipeline.regenerate`) as extract's data: the samples it holds.
 
 Each conversation row keeps, per regenerated turn, the prompt ids exactly as the model's chat template rendered them
 and the generated ids exactly as the engine produced them. Extract captures those ids without re-tokenising: one
@@ -10,118 +9,19 @@ token, never captured with ids serving would not produce.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from pipeline.core import jsonfile
 from pipeline.core.contracts import PreparedSample, Reject
-from pipeline.core.outdir import Layout
-from pipeline.core.lifecycle import DirKind
 from pipeline.data.ids import sample_id_for
 from pipeline.data.mask import ChatTokenizer, TurnIds, encode_chat
 from pipeline.data.prepare import PreparedData
+from pipeline.data.regeneration.layout import iter_conversations, manifest_digest, read_manifest
 from pipeline.data.sources import RecordError
-
-REGEN_FORMAT_VERSION = "1"
-START_FILE = "regen.json"  # written when a regeneration starts; a rerun resumes only the same regeneration
-MANIFEST = "manifest.json"  # written last: the directory is complete
-LOCK = ".lock"
-REJECTS = "rejects.parquet"  # records that could not be regenerated (unreadable, too long, ...)
-RECORDS_DIR = "records"
-_PART = r"part-\d{5,}"
-LAYOUT = Layout(kind="regeneration", files=(START_FILE, MANIFEST, LOCK, REJECTS),
-                dirs={RECORDS_DIR: (_PART + r"\.parquet", _PART + r"\.done\.json", _PART + r"\.rejects\.parquet")},
-                lock=LOCK, start=START_FILE, done=MANIFEST)
-KIND = "regeneration"  # the manifest's `kind`: how extract tells a regeneration directory from a run
-
-
-def _finished(root: Path) -> bool:
-    try:
-        read_manifest(root)
-    except (ValueError, OSError):
-        return False
-    return True
-
-
-# The regeneration directory as one kind of output directory (pipeline.core.lifecycle): regenerate writes it.
-REGEN_DIR = DirKind(layout=LAYOUT, noun="regeneration", job="regenerate", kept=(LOCK,), is_finished=_finished)
-
-TURN = pa.struct([
-    ("turn", pa.int32()),  # 0-based index among the conversation's regenerated turns
-    ("messages", pa.string()),  # JSON: the conversation the prompt renders (earlier answers: the target's own)
-    ("prompt_ids", pa.list_(pa.int64())),
-    ("output_ids", pa.list_(pa.int64())),
-    ("finish_reason", pa.string()),  # stop | length
-    ("seed", pa.int64()),
-    ("applied", pa.string()),  # JSON: the sampling values the engine applied, its defaults included
-    ("text", pa.string()),  # the answer decoded, for review only (extract reads the ids)
-])
-SCHEMA = pa.schema([
-    ("conversation_id", pa.string()),  # stable: the record id and the sample index
-    ("record_id", pa.string()),  # the input record's sample id (its file's digest and row)
-    ("source", pa.string()),
-    ("row", pa.int64()),
-    ("sample", pa.int32()),  # 0..n-1: the n samples of one prompt
-    ("tools", pa.string()),  # JSON or null: the tools the record declares
-    ("turns", pa.list_(TURN)),
-    ("end_reason", pa.string()),  # complete | truncated | tool_call_mismatch | unexpected_tool_call | too_long
-    ("end_detail", pa.string()),
-])
-
-
-def part_name(index: int) -> str:
-    return f"part-{index:05d}"
-
-
-def part_paths(root: Path, index: int) -> dict[str, Path]:
-    base = Path(root) / RECORDS_DIR / part_name(index)
-    return {"parquet": base.with_suffix(".parquet"), "marker": base.with_suffix(".done.json"),
-            "rejects": base.with_suffix(".rejects.parquet")}
-
-
-def conversation_id(record_id: str, sample: int) -> str:
-    return hashlib.sha256(f"{record_id}:{sample}".encode()).hexdigest()[:16]
-
-
-def is_regeneration(path: Path) -> bool:
-    """A directory holding a regeneration's start record or manifest."""
-    path = Path(path)
-    return path.is_dir() and ((path / START_FILE).is_file() or
-                              (jsonfile.read_lenient(path / MANIFEST) or {}).get("kind") == KIND)
-
-
-def read_manifest(root: Path, error: type[Exception] = ValueError) -> dict[str, Any]:
-    """The finished regeneration's manifest; `error` when there is none (an unfinished one names what to do)."""
-    root = Path(root)
-    if not (root / MANIFEST).is_file():
-        raise error(f"{root} is an unfinished regeneration (no {MANIFEST}): rerun the same pipeline.regenerate "
-                    f"command to finish it")
-    manifest = jsonfile.read_object(root / MANIFEST, error)
-    if manifest.get("kind") != KIND:
-        raise error(f"{root / MANIFEST} is not a regeneration's manifest (kind {manifest.get('kind')!r})")
-    return manifest
-
-
-def manifest_digest(root: Path) -> str:
-    """sha256 of the manifest's bytes: it lists every part's sha256, so it names the regenerated data."""
-    return hashlib.sha256((Path(root) / MANIFEST).read_bytes()).hexdigest()
-
-
-def iter_conversations(root: Path, manifest: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Every conversation row, in input order (parts in order, rows in order), each part's sha256 checked first."""
-    for part in manifest["parts"]:
-        path = Path(root) / part["file"]
-        if hashlib.sha256(path.read_bytes()).hexdigest() != part["sha256"]:
-            raise ValueError(f"{path}: sha256 differs from the regeneration's manifest (the file changed after it "
-                             f"was written); rerun pipeline.regenerate on a fresh directory or restore the file")
-        yield from pq.read_table(path).to_pylist()
 
 
 @dataclass(frozen=True, kw_only=True)
