@@ -36,8 +36,8 @@ def diff(cfg: DictConfig) -> int:
     return ExitCode.REFUSED if outcome.result.status == "fail" else ExitCode.OK
 
 
-JOB = HydraJob(name="diff", config_name="diff", schema=DiffJobConfig, noun="diff", stopped="diff stopped",
-               resume="fix the cause and rerun", build=build_step, body=diff)
+JOB = HydraJob(name="diff", config_name="diff", schema=DiffJobConfig, noun="diff", units=None, build=build_step,
+               body=diff)
 
 
 def main() -> int:

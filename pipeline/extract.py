@@ -33,10 +33,8 @@ def extract(cfg: DictConfig) -> None:
     print(f"check it with: python -m pipeline.verify {summary.out_dir}")
 
 
-JOB = HydraJob(name="extract", config_name="config", schema=ExtractConfig, noun="run",
-               stopped="run stopped, no manifest written",
-               resume="finished shards are kept: fix the cause and rerun the same command to resume",
-               build=build_step, body=extract)
+JOB = HydraJob(name="extract", config_name="config", schema=ExtractConfig, noun="run", units="shards", build=build_step,
+               body=extract)
 
 
 def main() -> int:

@@ -55,9 +55,7 @@ def regenerate(cfg: DictConfig) -> None:
 
 
 JOB = HydraJob(name="regenerate", config_name="regenerate", schema=RegenerateConfig, noun="regeneration",
-               stopped="regeneration stopped, no manifest written",
-               resume="finished parts are kept: fix the cause and rerun the same command to resume",
-               build=build_step, body=regenerate)
+               units="parts", build=build_step, body=regenerate)
 
 
 def main() -> int:

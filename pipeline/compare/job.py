@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, kw_only=True)
 class DiffOutcome:
+    """What the diff job found, where its report is, and how long it took."""
+
     result: DiffResult
     report_dir: Path
     seconds: float

@@ -49,10 +49,16 @@ class HydraJob:
     config_name: str  # conf/<config_name>.yaml
     schema: type  # the typed config it composes into
     noun: str  # what it writes, in its stop lines: "run", "regeneration", "diff"
-    stopped: str  # how a stopped job's line starts: "run stopped, no manifest written"
-    resume: str  # what a stopped job keeps and how to go on: "finished shards are kept: fix the cause and rerun ..."
+    units: str | None  # what a stopped job keeps for its rerun to resume ("shards"); None: nothing, it reruns whole
     build: Callable[[DictConfig], None]  # the factory's step: the model a recipe names, built when missing
     body: Body  # the job on the validated config: prints its summary, returns its exit code (None: OK)
+
+    def stopped(self, cause: str) -> str:
+        """The line of a job stopped by `cause` (an OSError's text)."""
+        if self.units is None:
+            return f"{self.noun} stopped: {cause}; fix the cause and rerun"
+        return (f"{self.noun} stopped, no manifest written: {cause}; finished {self.units} are kept: fix the cause "
+                f"and rerun the same command to resume")
 
 
 def stop_line(e: PipelineError, job: HydraJob) -> str:
@@ -80,7 +86,7 @@ def guarded(job: HydraJob, cfg: DictConfig) -> int:
         return e.exit_code
     except OSError as e:  # a full disk, a read-only mount, a failing device: one line, the traceback on request
         log.debug("the error in full", exc_info=e)
-        log.error("%s: %s; %s (%s the traceback)", job.stopped, os_error_text(e), job.resume, VERBOSE)
+        log.error("%s (%s the traceback)", job.stopped(os_error_text(e)), VERBOSE)
         return ExitCode.FAILED
     except Exception as e:  # noqa: BLE001 - a bug: shown whole, and never the resumable exit status
         log.error("%s", BUG_LINE.format(kind=type(e).__name__), exc_info=e)

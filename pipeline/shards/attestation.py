@@ -62,9 +62,13 @@ def load_signing_key(path: str | Path) -> Ed25519PrivateKey:
     except (ValueError, UnsupportedAlgorithm) as exc:
         why = "that is a public key: give the private key that signs" if b"PUBLIC KEY" in data else str(exc)
         raise AttestationKeyError(f"signing key {path} is not a PEM private key ({why})") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise AttestationKeyError(f"signing key {path} is of type {type(key).__name__.removeprefix('_')}, not "
-                                  "Ed25519")
+    return _ed25519(key, Ed25519PrivateKey, f"signing key {path}")
+
+
+def _ed25519(key: object, kind: type, what: str) -> Any:
+    """`key` when it is an Ed25519 key of `kind`; else the error naming what it is."""
+    if not isinstance(key, kind):
+        raise AttestationKeyError(f"{what} is of type {type(key).__name__.removeprefix('_')}, not Ed25519")
     return key
 
 
@@ -76,10 +80,7 @@ def load_public_key(path: str | Path) -> Ed25519PublicKey:
     except (ValueError, UnsupportedAlgorithm) as exc:
         why = "that is a private key: give its public half" if b"PRIVATE KEY" in data else str(exc)
         raise AttestationKeyError(f"public key {path} is not a PEM public key ({why})") from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise AttestationKeyError(f"public key {path} is of type {type(key).__name__.removeprefix('_')}, not "
-                                  "Ed25519")
-    return key
+    return _ed25519(key, Ed25519PublicKey, f"public key {path}")
 
 
 def keyid(public: Ed25519PublicKey) -> str:
