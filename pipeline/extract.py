@@ -13,7 +13,7 @@ from pipeline.config import ExtractConfig  # noqa: E402
 from pipeline.config.command import HydraJob, run_hydra  # noqa: E402
 from pipeline.factory import build_step  # noqa: E402
 from pipeline.run.answers import answers_line  # noqa: E402
-from pipeline.run.gate import describe, describe_storage  # noqa: E402
+from pipeline.run.gate import gate_lines, storage_lines  # noqa: E402
 from pipeline.run.job import count_text, run_extract  # noqa: E402
 
 
@@ -28,7 +28,7 @@ def extract(cfg: DictConfig) -> None:
     print(f"capture points: {', '.join(summary.points)}")
     if (line := answers_line(summary.regeneration, summary.engine)) is not None:
         print(line)
-    for line in describe(summary.gate, summary.seconds) + describe_storage(summary.storage, summary.gate):
+    for line in gate_lines(summary.gate, summary.seconds) + storage_lines(summary.storage, summary.gate):
         print(line)
     print(f"check it with: python -m pipeline.verify {summary.out_dir}")
 

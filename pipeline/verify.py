@@ -28,7 +28,7 @@ from pipeline.data.regeneration.verify import summary, verify_regeneration  # no
 def _summary(run_dir: Path, manifest: dict, key) -> str:
     return (f"sound: {run_dir}: {len(manifest['shards'])} shard(s), {manifest['num_samples']} samples, "
             f"{manifest['num_tokens']} tokens, points {manifest['points']}, hidden_size {manifest['hidden_size']}, "
-            f"dtype {manifest['dtype']}{_storage(manifest.get('storage'))}; {attestation.describe(run_dir, key)}")
+            f"dtype {manifest['dtype']}{_storage(manifest.get('storage'))}; {attestation.proof_text(run_dir, key)}")
 
 
 def _storage(storage: dict | None) -> str:

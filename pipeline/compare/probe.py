@@ -66,7 +66,7 @@ class ProbeRequest:
     @property
     def config(self) -> dict[str, Any]:
         """The engine as resolved, for reports."""
-        return {**self.spec.describe(), "model_path": self.model_path}
+        return {**self.spec.to_dict(), "model_path": self.model_path}
 
     @property
     def labels(self) -> list[str]:

@@ -53,7 +53,7 @@ class Lease:
     heartbeat: float  # time.time() of the last renewal
     released: bool = False
 
-    def describe(self) -> str:
+    def holder(self) -> str:
         age = time.time() - self.heartbeat
         return f"pid {self.pid} on host {self.host} (since {self.started_utc}, heartbeat {age:.0f}s ago)"
 
@@ -95,7 +95,7 @@ def check_lease(lock_path: Path, token: str | None, *, what: str, then: str) -> 
         return
     lease = read_lease(lock_path)
     if lease is None or lease.token != token or lease.released:
-        holder = lease.describe() if lease is not None else "nobody"
+        holder = lease.holder() if lease is not None else "nobody"
         raise ClaimLost(f"{what} is no longer this run's (its lock is held by {holder}); {then}")
 
 
@@ -158,7 +158,7 @@ class DirClaim:
             lease = self._current()
             if lease is None or not lease.fresh or lease.host == socket.gethostname():
                 if lease is not None and not lease.released:
-                    log.warning("%s: taking over the lock of %s, which is gone", self.root, lease.describe())
+                    log.warning("%s: taking over the lock of %s, which is gone", self.root, lease.holder())
                 return
             # Our flock succeeded, yet another host renews the lease: the file system does not share flocks.
             fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -166,7 +166,7 @@ class DirClaim:
             time.sleep(min(HEARTBEAT_SECONDS, STALE_SECONDS / 4))
 
     def _busy(self, lease: Lease | None) -> None:
-        holder = lease.describe() if lease is not None else "another process"
+        holder = lease.holder() if lease is not None else "another process"
         if not self.wait:
             raise self.busy_error(self.refusal(holder))
         log.warning("%s", self.waiting(holder))
@@ -182,7 +182,7 @@ class DirClaim:
             current = read_lease(self.path)
             if current is not None and current.token != self.token:  # taken over: never write over the new holder
                 log.error("%s was taken over by %s; this process stops before its next unit", self.root,
-                          current.describe())
+                          current.holder())
                 return
             try:
                 self._lease = Lease(**{**asdict(self._lease), "heartbeat": time.time()})

@@ -77,7 +77,7 @@ class EngineSpec:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"engine.{key}={value!r}: must be >= 1")
 
-    def describe(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-able, for reports and the worker protocol."""
         return {"name": self.name, "dtype": str(self.dtype), "batch_size": self.batch_size, "tp_size": self.tp_size,
                 "options": dict(self.options)}

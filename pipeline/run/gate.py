@@ -196,7 +196,7 @@ def _stop_message(result: DiffResult, report_dir: Path) -> str:
             + "\nfix the engine or its capture convention, or pass gate.mode=warn to capture anyway")
 
 
-def describe(outcome: GateOutcome, run_seconds: float) -> list[str]:
+def gate_lines(outcome: GateOutcome, run_seconds: float) -> list[str]:
     """What extract prints about its gate: verdict, cost (absolute and as a fraction of the run), report, findings."""
     if outcome.mode == "off":
         return ["diff gate: off (gate.mode=off)"]
@@ -215,7 +215,7 @@ def primary_divergence(outcome: GateOutcome) -> tuple[str, dict[str, float]] | N
     return None if pair is None else (pair.name, {k: s.rel_l2 for k, s in pair.points.items()})
 
 
-def describe_storage(storage: dict[str, Any] | None, outcome: GateOutcome) -> list[str]:
+def storage_lines(storage: dict[str, Any] | None, outcome: GateOutcome) -> list[str]:
     """What extract prints about storage: bytes on disk per token, and (fp8) the rounding error per point beside the
     divergence between the engines the gate measured, so a user sees which one is larger."""
     if not storage:

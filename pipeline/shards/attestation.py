@@ -274,7 +274,7 @@ def problems(run_dir: Path, manifest: dict[str, Any], key: Ed25519PublicKey | No
     return found + _subject_problems(run_dir, manifest, stmt, {} if hashed is None else hashed)
 
 
-def describe(run_dir: Path, key: Ed25519PublicKey | None) -> str:
+def proof_text(run_dir: Path, key: Ed25519PublicKey | None) -> str:
     """The sound summary's words about the attestation (verify has found no problem with it)."""
     found = record(run_dir)
     if found is None:

@@ -8,7 +8,7 @@ import json
 import pytest
 from safetensors import safe_open
 
-from pipeline.run.gate import DiffGateError, describe
+from pipeline.run.gate import DiffGateError, gate_lines
 from pipeline.run.job import run_extract
 from pipeline.shards.verify import verify_run
 from tests.helpers.diff import composed
@@ -57,7 +57,7 @@ def test_the_default_run_passes_the_gate_and_records_it(tmp_path, models_root):
     assert 0 < gate.seconds < summary.seconds
     # a gate the run went through draws no plots (gate.html=on_failure); they can be drawn from report.json
     assert sorted(p.name for p in (out / "diff").iterdir()) == ["report.json", "report.md"]
-    assert f"plots: python -m pipeline.compare.html {(out / 'diff').resolve()}" in describe(gate, summary.seconds)[0]
+    assert f"plots: python -m pipeline.compare.html {(out / 'diff').resolve()}" in gate_lines(gate, summary.seconds)[0]
     manifest = json.loads((out / "manifest.json").read_text())
     diff = manifest["provenance"]["diff"]
     assert diff["status"] == "warn" and diff["report"] == "diff/report.json"
@@ -113,6 +113,6 @@ def test_always_draws_the_plots_after_the_run_and_counts_them(tmp_path, models_r
     assert gate.status == "pass" and (out / "diff" / "report.html").is_file()
     drawn = gate.parts["report.html (after the run)"]
     assert drawn > 0 and gate.seconds == pytest.approx(sum(gate.parts.values()))
-    assert f"report: {(out / 'diff').resolve()}/report.html" in describe(gate, summary.seconds)[0]
+    assert f"report: {(out / 'diff').resolve()}/report.html" in gate_lines(gate, summary.seconds)[0]
     # drawn before the run is attested: the plots are one of its files, and the run verifies with them
     assert "diff/report.html" in attested_files(out) and verify_run(out) == []

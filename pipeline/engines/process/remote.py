@@ -87,7 +87,7 @@ class RemoteEngine(Engine):
 
     def start(self) -> None:
         self._spawn()
-        init = {"spec": self.spec.describe(), "model_path": self.model_path,
+        init = {"spec": self.spec.to_dict(), "model_path": self.model_path,
                 "points": [p.label for p in self.points], "num_layers": self.num_layers,
                 "trust_remote_code": self.trust_remote_code, "max_seq_len": self.max_seq_len,
                 "task": self.task}
