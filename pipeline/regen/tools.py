@@ -11,10 +11,22 @@ import json
 import re
 from typing import Any
 
+from pipeline.core import jsonfile
+
 _KIMI_SECTION = re.compile(r"<\|tool_calls_section_begin\|>(.*?)(?:<\|tool_calls_section_end\|>|$)", re.S)
 _KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*(?:functions\.)?([^\s:<]+)(?::\d+)?\s*"
                         r"<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>", re.S)
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+class _Unparsable(ValueError):
+    """Not a JSON value within the bounds every JSON the pipeline reads keeps (pipeline.core.jsonfile)."""
+
+
+def _json(text: str, where: str) -> Any:
+    """A generated or recorded JSON string, bounded in size and nesting: one that nests thousands deep is unparsable
+    like any other malformed call, never a RecursionError that stops the whole regeneration."""
+    return jsonfile.parse(text, _Unparsable, where=where)
 
 
 def _call(name: str, arguments: Any) -> dict[str, Any]:
@@ -30,8 +42,8 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
     calls = []
     for block in _HERMES_CALL.findall(text):
         try:
-            parsed = json.loads(block)
-        except json.JSONDecodeError:
+            parsed = _json(block, "a generated tool call")
+        except _Unparsable:
             calls.append(_call("<unparsable>", block))
             continue
         if isinstance(parsed, dict) and isinstance(parsed.get("name"), str):
@@ -44,8 +56,8 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
 def _arguments(value: Any) -> Any:
     if isinstance(value, str):
         try:
-            return json.loads(value)
-        except json.JSONDecodeError:
+            return _json(value, "a tool call's arguments")
+        except _Unparsable:
             return value.strip()
     return value
 
