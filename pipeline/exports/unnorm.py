@@ -61,9 +61,23 @@ class Unnorm:
             raise ExportError(f"sample {sample_id}: the trainer's norm of final_norm / w is {rel:.2e} (rel L2) from "
                               f"the captured final_norm, over {tol:.1e}: the run's final_norm is not {self.where} "
                               "applied to its last layer; nothing of this sample was written")
+        self._check_unit_rms(out[:, index].float(), sample_id)
         self.worst_rel_l2 = max(self.worst_rel_l2, rel)
         self.checked += 1
         return out
+
+    @staticmethod
+    def _check_unit_rms(x_TH: torch.Tensor, sample_id: str) -> None:
+        """Every token's x = final_norm / w has mean square ms / (ms + eps) of its residual stream, ~1: a token far
+        from it (an all-zero final_norm: 0 / w = 0 passes the round trip, since the norm of 0 is 0) is no output of
+        this norm on a real residual stream."""
+        mean_square = x_TH.pow(2).mean(-1)
+        off = ((mean_square < 0.5) | (mean_square > 1.5)).nonzero()
+        if len(off):
+            t = int(off[0])
+            raise ExportError(f"sample {sample_id}: token {t}'s final_norm divided by the norm's weight has mean square "
+                              f"{float(mean_square[t]):.3g}, where a norm's output has ~1 (an all-zero final_norm has "
+                              f"0): not this checkpoint's final_norm; nothing of this sample was written")
 
     def record(self) -> dict[str, Any]:
         """The sidecar's last_state entries for this slot."""

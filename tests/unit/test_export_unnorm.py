@@ -53,6 +53,15 @@ def test_a_state_that_is_not_this_checkpoints_final_norm_is_refused(checkpoint):
         Unnorm(checkpoint, H).apply(bn[:, None], 0, "s7")  # bN itself where final_norm should be
 
 
+def test_an_all_zero_final_norm_is_refused_though_its_round_trip_holds(checkpoint):
+    """0 / w = 0 and the norm of 0 is 0: the round trip alone would pass a zeroed final_norm (#35 item 8)."""
+    final = checkpoint.final_norm(torch.randn(6, H) * 30)
+    final[4] = 0
+    with pytest.raises(ExportError, match=r"sample s3: token 4's final_norm divided by the norm's weight has mean "
+                                          r"square 0, where a norm's output has ~1"):
+        Unnorm(checkpoint, H).apply(final[:, None], 0, "s3")
+
+
 def test_a_norm_weight_with_zeros_or_another_width_is_refused(tmp_path):
     weight = torch.ones(H)
     weight[3] = 0
