@@ -16,6 +16,7 @@ from pipeline.core.contracts import EngineSpec
 from pipeline.core.io import sha256_file
 from pipeline.data.mask import encode_chat
 from pipeline.data.remote_code import load_tokenizer
+from pipeline.data.sources import check_readable
 from pipeline.drafts.examine import Request, examine
 from pipeline.drafts.report import failed
 from pipeline.drafts.target import gather
@@ -141,6 +142,10 @@ class Plan:
 def prepare(drafts: Sequence[Path], *, target: Path | None, run: Path | None, export: Path | None, prompts: Path,
             out: Path, overwrite: bool, settings: Settings) -> Plan:
     engine_spec(settings, None, 1)  # the options checked before anything is read or started
+    try:
+        check_readable(prompts)  # as extract checks data.path: a directory, a FIFO or /dev/zero is no prompt file
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--prompts {prompts}: {e}") from None
     report_dir.check(out, overwrite=overwrite)
     model_dir = _target_dir(target, run, export)
     doctors = [_doctor(d, model_dir, run, export) for d in drafts]  # every draft read before any engine starts

@@ -198,3 +198,18 @@ def test_main_called_directly_is_as_strict_as_python_m(tmp_path, module, overrid
     assert done.returncode == ExitCode.USAGE, output(done)[-3000:]
     assert said(done, "configuration error").startswith(line)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("prompts, why", [("missing.jsonl", "data file not found"), ("folder", "not a regular file"),
+                                          ("fifo", "not a regular file"), ("/dev/zero", "not a regular file")])
+def test_accept_checks_its_prompts_as_extract_checks_data_path(tmp_path, models_root, prompts, why):
+    """A missing file was exit 1, a directory, a FIFO or /dev/zero a traceback (or a hang, or memory exhausted):
+    each is one usage line before anything is read or started (#35 item 12)."""
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    path = prompts if prompts.startswith("/") else str(tmp_path / prompts)
+    done = cli("pipeline.accept", "--draft", str(tmp_path), "--serve", "vllm", "--target",
+               str(models_root / "tiny-llama"), "--prompts", path, "--out", str(tmp_path / "out"), timeout=120)
+    assert done.returncode == ExitCode.USAGE, output(done)[-3000:]
+    assert said(done, f"error: --prompts {path}: ") and why in done.stderr
+    assert not (tmp_path / "out").exists()
