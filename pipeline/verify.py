@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from pipeline.core.cli import ExitCode, interrupts_from_here, run_command
+from pipeline.core.cli import ExitCode, UsageError, interrupts_from_here, run_command
 
 interrupts_from_here(__name__, "verify")  # before the imports below (seconds): Ctrl-C there is one line too
 
@@ -44,6 +44,9 @@ def verify(argv: Sequence[str] | None) -> ExitCode:
                         help="the Ed25519 public key (PEM) whose private half signed the run (extract's sign_key)")
     args = parser.parse_args(argv)
     if is_regeneration(args.run_dir):
+        if args.key is not None:  # nothing a key could check: "sound" would claim a proof that was never made
+            raise UsageError(f"--key {args.key}: {args.run_dir} is a regeneration directory, which carries no "
+                             "signature (only a run's attestation is signed); verify it without --key")
         return _verify_regeneration(args.run_dir)
     key = None if args.key is None else attestation.load_public_key(args.key)  # AttestationKeyError: exit 2
     manifest = read_manifest(args.run_dir)  # ManifestError: not a finished run

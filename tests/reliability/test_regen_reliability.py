@@ -198,6 +198,9 @@ def test_verify_names_a_changed_part_and_a_foreign_file(clean, tmp_path):
 
     sound = verify()
     assert sound.returncode == 0 and "regeneration of 4 records" in sound.stdout
+    keyed = subprocess.run([sys.executable, "-m", "pipeline.verify", str(out), "--key", "/dev/null"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert keyed.returncode == 2 and "carries no signature" in keyed.stderr  # never "sound" for a proof not made
     part = out / "records" / "part-00001.parquet"
     data = bytearray(part.read_bytes())
     data[len(data) // 2] ^= 0xFF
