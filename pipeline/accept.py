@@ -18,6 +18,7 @@ of them); only when no draft can be measured is nothing written.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -64,8 +65,9 @@ def accept(argv: Sequence[str] | None) -> ExitCode:
     args = _parser().parse_args(argv)
     if args.serve == "sglang":
         raise UsageError(SGLANG_REFUSAL)
-    if args.num_speculative_tokens < 1 or args.max_tokens < 1 or args.temperature < 0:
-        raise UsageError("--num-speculative-tokens and --max-tokens must be >= 1, --temperature >= 0")
+    if args.num_speculative_tokens < 1 or args.max_tokens < 1 or not (math.isfinite(args.temperature)
+                                                                     and args.temperature >= 0):
+        raise UsageError("--num-speculative-tokens and --max-tokens must be >= 1, --temperature a finite number >= 0")
     settings = Settings(num_speculative_tokens=args.num_speculative_tokens, max_tokens=args.max_tokens,
                         temperature=args.temperature, dtype=args.dtype, engine_options=dict(args.engine_option))
     report = measure(args.draft, target=args.target, run=args.run, export=args.export, prompts=args.prompts,

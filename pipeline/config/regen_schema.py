@@ -5,6 +5,8 @@ are declared only so that one recipe (`+exp=kimi`) serves both jobs; regeneratio
 `pipeline.regenerate` refuses them on its command line (pipeline/regenerate.py)."""
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
@@ -41,6 +43,9 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         _require(self.n >= 1, "sampling.n", self.n, "must be >= 1")
+        for i in self.stop_token_ids or []:  # token ids: what an engine's int64 ids can hold, never negative
+            _require(0 <= i < 1 << 63, "sampling.stop_token_ids", self.stop_token_ids,
+                     f"{i} is not a token id (0 <= id < 2**63)")
         self.truncated = _choice(TruncatedPolicy, self.truncated, "sampling.truncated")
 
     def resolved(self, published: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -57,8 +62,11 @@ class SamplingConfig:
         unknown = sorted(set(published) - set(SAMPLING_DEFAULTS))
         _require(not unknown, "model.sampling", published, f"unknown keys {unknown}; known: {list(SAMPLING_DEFAULTS)}")
         name = {k: origin[k] if origin[k] != "default" else f"sampling.{k}" for k in origin}
-        _require(values["temperature"] >= 0, name["temperature"], values["temperature"], "must be >= 0")
-        _require(0 < values["top_p"] <= 1, name["top_p"], values["top_p"], "must be within (0, 1]")
+        # finite first: inf passed ">= 0" (random answers, a manifest holding the non-JSON Infinity); nan fails it
+        _require(math.isfinite(values["temperature"]) and values["temperature"] >= 0, name["temperature"],
+                 values["temperature"], "must be a finite number >= 0")
+        _require(math.isfinite(values["top_p"]) and 0 < values["top_p"] <= 1, name["top_p"], values["top_p"],
+                 "must be within (0, 1]")
         _require(values["top_k"] >= 0, name["top_k"], values["top_k"], "must be >= 0 (0: off)")
         _require(values["max_tokens"] >= 1, name["max_tokens"], values["max_tokens"], "must be >= 1")
         _require(self.n == 1 or values["temperature"] > 0, "sampling.n", self.n,

@@ -168,8 +168,11 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
         tokenizer = load_tokenizer(model.path, cfg.model.trust_remote_code)
     except RemoteCodeError as e:
         raise ConfigError(str(e)) from e
-    try:
+    try:  # its errors name model.path or sampling.stop_token_ids themselves
         stop_ids, stop = stop_token_ids(model.path, tokenizer, turn_ids(tokenizer), cfg.sampling.stop_token_ids)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    try:
         prompts = read_prompts(cfg.data.path, tokenizer, max_length=cfg.data.max_length, limit=cfg.data.limit,
                                n=cfg.sampling.n, seed=cfg.sampling.seed)
     except (ValueError, UnicodeDecodeError) as e:

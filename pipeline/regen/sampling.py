@@ -29,6 +29,10 @@ def stop_token_ids(model_dir: Path, tokenizer: Any, turn_ids: TurnIds | None,
     generation_config.json eos ids, the tokenizer's eos and (Kimi's layout) the template's `<|im_end|>`."""
     if configured:
         ids = tuple(sorted(set(int(i) for i in configured)))
+        vocab = len(tokenizer)
+        if outside := [i for i in ids if i >= vocab]:
+            raise ValueError(f"sampling.stop_token_ids={list(configured)}: {outside[0]} is outside the tokenizer's "
+                             f"{vocab} ids, so no turn could stop on it")
         return ids, {"ids": list(ids), "from": "sampling.stop_token_ids"}
     found: dict[int, list[str]] = {}
     path = Path(model_dir) / "generation_config.json"

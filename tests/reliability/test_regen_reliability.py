@@ -123,6 +123,13 @@ def test_overwrite_never_removes_a_users_entry_inside_the_records(clean, tmp_pat
     ("sampling.n=2", "n > 1 needs a temperature > 0"),
     ("sampling.truncated=cut", "sampling.truncated='cut'"),
     ("capture.points=[1]", "capture"),
+    # #35 item 10: out of range values were accepted (inf wrote random answers and a manifest holding Infinity; an
+    # id past int64 was an overflow traceback after regen.json; -1 or an id past the vocabulary passed silently)
+    ("sampling.temperature=inf", "sampling.temperature=inf: must be a finite number >= 0"),
+    ("sampling.top_p=nan", "sampling.top_p=nan: must be within (0, 1]"),
+    ("sampling.stop_token_ids=[-1]", "sampling.stop_token_ids=[-1]: -1 is not a token id"),
+    ("sampling.stop_token_ids=[99999999999999999999]", "99999999999999999999 is not a token id"),
+    ("sampling.stop_token_ids=[99999]", "99999 is outside the tokenizer's"),
 ])
 def test_bad_settings_are_one_line_before_any_model_loads(tmp_path, override, message):
     done = regenerate(tmp_path / "regen", override)
