@@ -1,9 +1,12 @@
-"""Small file helpers every writer uses: atomic replace, the mode finished files get, sha256 of files and JSON."""
+"""Small file helpers every writer uses: atomic replace, the mode finished files get, sha256 of files and JSON, and
+the one bounded read of a small file a user names (a key, a JSON document)."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,6 +15,17 @@ from typing import Any, Iterator
 from pipeline.core.faults import fault_point
 
 _CHUNK = 8 << 20
+
+
+def read_bounded(path: Path, max_bytes: int) -> bytes:
+    """At most `max_bytes` + 1 bytes of the regular file `path` (one byte more than the bound tells a file that is
+    too large); OSError naming it for anything else: a FIFO would block the command forever, a device such as
+    /dev/zero never ends (memory exhausted), a directory has no bytes."""
+    mode = os.stat(path).st_mode  # follows a symlink: a link to a regular file is read
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    with open(path, "rb") as f:
+        return f.read(max_bytes + 1)
 
 
 def sha256_file(path: Path, limit: int | None = None) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pipeline.core.cli import UsageError
+from pipeline.core.io import read_bounded
 
 MAX_BYTES = 16 << 20  # a config, start record, sidecar or marker: kilobytes; a manifest passes its own bound
 MAX_DEPTH = 64  # no file the pipeline writes or reads nests deeper than about 8
@@ -66,9 +67,6 @@ def parse(text: str | bytes, error: type[Exception] = JsonFileError, *, where: s
     return _parse(raw, where, error, max_bytes, max_depth)
 
 
-def _read_bytes(path: Path, max_bytes: int) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(max_bytes + 1)  # one byte more than the bound tells a file that is too large
 
 
 def read(path: Path, error: type[Exception] = JsonFileError, *, prefix: str = "", missing_hint: str = "",
@@ -79,7 +77,7 @@ def read(path: Path, error: type[Exception] = JsonFileError, *, prefix: str = ""
     if not path.is_file():
         raise error(f"{prefix}{path} does not exist{missing_hint}")
     try:
-        raw = _read_bytes(path, max_bytes)
+        raw = read_bounded(path, max_bytes)
     except OSError as exc:
         raise error(f"{prefix}{path} is not readable: {exc.strerror or exc}") from None
     return _parse(raw, f"{prefix}{path}", error, max_bytes, max_depth)
@@ -102,7 +100,7 @@ def read_lenient(path: Path, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX
     """The JSON object in `path`; None when there is none, or it is torn, too large, too deep or not an object (a
     crash's leftover, a foreign file: the caller treats it as absent)."""
     try:
-        value = _parse(_read_bytes(Path(path), max_bytes), str(path), JsonFileError, max_bytes, max_depth)
+        value = _parse(read_bounded(Path(path), max_bytes), str(path), JsonFileError, max_bytes, max_depth)
     except (OSError, JsonFileError):
         return None
     return value if isinstance(value, dict) else None

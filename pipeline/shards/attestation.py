@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from pipeline.core import jsonfile
 from pipeline.core.cli import UsageError
-from pipeline.core.io import sha256_file, write_text_atomic
+from pipeline.core.io import read_bounded, sha256_file, write_text_atomic
 from pipeline.shards import layout
 from pipeline.shards.verify_tree import escape_problem, through_symlink
 
@@ -44,11 +44,18 @@ class AttestationKeyError(UsageError, ValueError):
     """A signing or verification key that cannot be used (exit status 2): the message names the file and why."""
 
 
+MAX_PEM_BYTES = 64 << 10  # an Ed25519 PEM key is about 120 bytes
+
+
 def _read_pem(path: Path, what: str) -> bytes:
+    """The key file's bytes, bounded (`sign_key=/dev/zero` read until memory ran out, a FIFO hung forever)."""
     try:
-        return Path(path).read_bytes()
+        data = read_bounded(Path(path), MAX_PEM_BYTES)
     except OSError as exc:
         raise AttestationKeyError(f"{what} {path}: cannot be read ({exc.strerror or exc})") from None
+    if len(data) > MAX_PEM_BYTES:
+        raise AttestationKeyError(f"{what} {path} is larger than {MAX_PEM_BYTES} bytes: not a PEM key")
+    return data
 
 
 def load_signing_key(path: str | Path) -> Ed25519PrivateKey:

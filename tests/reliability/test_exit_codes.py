@@ -213,3 +213,18 @@ def test_accept_checks_its_prompts_as_extract_checks_data_path(tmp_path, models_
     assert done.returncode == ExitCode.USAGE, output(done)[-3000:]
     assert said(done, f"error: --prompts {path}: ") and why in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("key", ["/dev/zero", "fifo"])
+def test_a_key_path_that_is_no_file_is_one_line_not_a_hang_or_exhausted_memory(finished, tmp_path, key):
+    """verify --key and extract's sign_key read the key bounded and only from a regular file (#35 item 3): /dev/zero
+    was read until memory ran out, a FIFO blocked forever."""
+    if key == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+        key = str(tmp_path / "fifo")
+    verified = cli("pipeline.verify", str(finished), "--key", key, timeout=120)
+    assert verified.returncode == ExitCode.USAGE and said(verified, f"error: public key {key}: cannot be read")
+    done = extract(tmp_path / "run", *SMALL, f"sign_key={key}", timeout=120)
+    assert done.returncode == ExitCode.USAGE, output(done)[-3000:]
+    assert said(done, "configuration error") and "cannot be read" in output(done)
+    assert not (tmp_path / "run").exists()
