@@ -96,9 +96,9 @@ def guarded(job: HydraJob, cfg: DictConfig) -> int:
 
 def _compose(job: HydraJob, overrides: list[str]) -> DictConfig:
     """The job's config with Hydra's node, every interpolation resolved once to check it; ConfigError otherwise."""
-    loader = GlobalHydra.instance().hydra
+    app = GlobalHydra.instance().hydra  # the Hydra that `initialize_config_dir` set up
     try:
-        cfg = loader.compose_config(config_name=job.config_name, overrides=overrides, run_mode=RunMode.RUN)
+        cfg = app.compose_config(config_name=job.config_name, overrides=overrides, run_mode=RunMode.RUN)
         task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
         OmegaConf.to_container(task, resolve=True)
     except (HydraException, OmegaConfBaseException) as e:
@@ -132,7 +132,7 @@ def _run_once(job: HydraJob, overrides: Sequence[str]) -> int:
         ret = run_job(task_function=lambda task_cfg: guarded(job, task_cfg), config=cfg,
                       job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
         callbacks.on_run_end(config=cfg, config_name=job.config_name, job_return=ret)
-        return int(ret.return_value)  # re-raises what escaped the guard (KeyboardInterrupt never reaches here)
+        return int(ret.return_value)  # the guard's code: Ctrl-C and SIGTERM (BaseExceptions) went past run_job
 
 
 def _hydra_main(job: HydraJob, argv: Sequence[str]) -> int:
