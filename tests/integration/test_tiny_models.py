@@ -278,6 +278,7 @@ def test_ensure_model_caches_and_rebuilds_incomplete_dirs(tmp_path):
         "stale digest": lambda: (path / MARKER).write_text(
             json.dumps({**json.loads((path / MARKER).read_text()), "builder_digest": "0" * 64})),
         "truncated weights": lambda: os.truncate(path / "model.safetensors", 1000),
+        "one flipped byte": lambda: _flip_last_byte(path / "model.safetensors"),  # same size (#35 item 14)
     }
     for what, damage in damages.items():
         before = _stamp(path)
@@ -287,6 +288,14 @@ def test_ensure_model_caches_and_rebuilds_incomplete_dirs(tmp_path):
         assert _stamp(path) != before, f"{what}: not rebuilt"
         assert _sha256s(path) == reference, f"{what}: rebuilt differently"
     assert not list(tmp_path.glob(".tiny-llama.building-*"))  # the temporary build directory was renamed away
+
+
+def _flip_last_byte(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0xFF]))
 
 
 def test_killed_build_leaves_nothing_that_looks_complete(tmp_path):
