@@ -1,34 +1,30 @@
-"""An acceptance report's directory, through the machinery every output directory uses (pipeline.core.outdir,
-pipeline.core.claim): one measuring process at a time (an OS lock on the directory itself, released by the kernel when
-the holder dies), nothing in it but the report's own files, a finished report (report.json, written last) replaced
-only with --overwrite, and only once the new measurement is complete: a measurement that fails leaves the old report
-as it was."""
+"""An acceptance report's directory as one kind of output directory (pipeline.core.lifecycle): one measuring process
+at a time (an OS lock on the directory itself, released by the kernel when the holder dies), nothing in it but the
+report's own files, a finished report (report.json, written last) replaced only with --overwrite, and only once the
+new measurement is complete: a measurement that fails leaves the old report as it was."""
 from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.core.claim import DirClaim
+from pipeline.core import lifecycle
 from pipeline.core.cli import UsageError
 from pipeline.core.io import write_text_atomic
 from pipeline.core.outdir import Layout, remove
 from pipeline.shards.layout import REPORT_HTML, REPORT_JSON, REPORT_MD, check_out
 
 LAYOUT = Layout(kind="acceptance report", files=(REPORT_MD, REPORT_HTML, REPORT_JSON), done=REPORT_JSON)
+REPORT_DIR = lifecycle.DirKind(layout=LAYOUT, noun="acceptance report", job="accept", kept=(),
+                               is_finished=LAYOUT.is_done, option="--out", overwrite="--overwrite", wait=None,
+                               error=UsageError, replace_late=True)
+NO_RECORD: dict = {}  # a report has no start record: a rerun measures again
 
 
 def check(out: Path, *, overwrite: bool) -> None:
     """Read-only, before anything is measured: why `out` cannot take this report (a UsageError), or nothing."""
     check_out(out, f"--out {out}:", UsageError)
-    if not out.is_dir():
-        return
-    if foreign := LAYOUT.foreign(out):
-        raise UsageError(f"--out {out}: holds files an acceptance report does not write ({', '.join(foreign)}); "
-                         "choose an empty or new directory")
-    if LAYOUT.is_done(out) and not overwrite:
-        raise UsageError(f"--out {out}: holds a finished acceptance report ({REPORT_JSON}); pass --overwrite to "
-                         "replace it once the new measurement is complete, or choose another --out")
+    lifecycle.inspect(out, NO_RECORD, overwrite=overwrite, kind=REPORT_DIR)
 
 
 @contextmanager
@@ -38,10 +34,10 @@ def taken(out: Path, *, overwrite: bool) -> Iterator[None]:
     check(out, overwrite=overwrite)
     created = not out.exists()
     try:
-        with DirClaim(out, lock_file=None, busy_error=UsageError,
-                      refusal=lambda holder: f"--out {out}: another accept is measuring into it ({holder}); wait for "
-                                             f"it to finish or choose another --out"):
-            check(out, overwrite=overwrite)  # what another process finished there while this one waited
+        with lifecycle.claim(out, kind=REPORT_DIR):
+            # decided again under the lock: what another process finished there while this one waited
+            plan = lifecycle.inspect(out, NO_RECORD, overwrite=overwrite, kind=REPORT_DIR)
+            lifecycle.prepare(out, NO_RECORD, plan, REPORT_DIR)
             yield
     except BaseException:
         if created and out.is_dir() and not any(out.iterdir()):

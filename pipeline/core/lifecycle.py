@@ -1,14 +1,17 @@
-"""One lifecycle for every output directory a job fills (a run, a regeneration): what it holds, decided under its
-lock, and what this job does with it. Each kind is declared once by the code that owns it (`DirKind`: its layout,
+"""One lifecycle for every output directory a job fills (a run, a regeneration, an export, an acceptance report):
+what it holds, decided under its lock, and what this job does with it. Each kind is declared once by the code that owns it (`DirKind`: its layout,
 its noun, the job that writes it, what finished means, what a replacement keeps, the error it raises); this module
 knows none of them.
 
 - new: nothing of the kind, or only what a job that never started leaves (a gate report, rejects of data without one
   valid record, temp files, a replacement cut short): those leftovers are cleared and the job starts;
 - resume: an unfinished directory of the same start record (config, data, model, code): finished units are kept;
+- complete: for a kind whose finished directory a rerun keeps (an export), that directory finished for this very
+  record: nothing to do;
 - replace: a finished directory, or an unfinished one of another record, with overwrite given to this process: the
   kind's own files are removed (the completing file first, so a replacement cut short never looks finished), never a
-  file the kind does not write, at the root or inside its folders (those make it refuse, naming them).
+  file the kind does not write, at the root or inside its folders (those make it refuse, naming them); a kind that
+  replaces late (an acceptance report) keeps the old files until its writer has the new ones.
 Anything else is refused with the kind's error, naming the directory and why. Nothing here deletes a finished
 directory unless this process was given overwrite.
 """
@@ -24,7 +27,7 @@ from pipeline.core.cli import ConfigError, UsageError
 from pipeline.core.jsonfile import read_object
 from pipeline.core.outdir import Layout, changed, remove, write_json
 
-Plan = Literal["new", "resume", "replace"]
+Plan = Literal["new", "resume", "replace", "complete"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,11 +42,24 @@ class DirKind:
     kept: tuple[str, ...]
     is_finished: Callable[[Path], bool]
     option: str = "out_dir"  # the setting that names the directory: `out_dir='/data/r1' holds ...`
-    overwrite: str = "overwrite=true"  # what lets a replacement happen
+    overwrite: str | None = "overwrite=true"  # what lets a replacement happen; None: nothing does
+    wait: str | None = "wait_for_lock=true"  # what makes a claim wait for the holder; None: nothing does
     error: type[UsageError] = ConfigError
+    # The record a finished directory carries, for a kind a rerun of the same work finds complete (an export);
+    # None: a finished directory is only ever replaced.
+    finished_record: Callable[[Path], dict | None] | None = None
+    replace_late: bool = False  # its writer replaces a finished directory's files once the new ones are complete
 
     def name(self, out: Path) -> str:
-        return f"{self.option}={str(out)!r}"
+        return f"{self.option}={str(out)!r}" if self.option.isidentifier() else f"{self.option} {out}"
+
+    def hint(self, what: str) -> str:
+        """How to go on from a directory this job may not use as it is."""
+        return f"choose another {self.option}" + (f", or pass {self.overwrite} to {what}" if self.overwrite else "")
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
 
 
 def _resume_hint(previous: dict, record: dict) -> str:
@@ -63,8 +79,8 @@ def _start_record(out: Path, kind: DirKind, *, overwrite: bool) -> dict:
         return read_object(out / str(kind.layout.start), kind.error)
     except UsageError as exc:
         if not overwrite:
-            raise kind.error(f"{kind.name(out)} holds no {kind.noun}'s start record: {exc}; choose another "
-                             f"{kind.option}, or pass {kind.overwrite} to replace that {kind.noun}") from None
+            raise kind.error(f"{kind.name(out)} holds no {kind.noun}'s start record: {exc}; "
+                             f"{kind.hint(f'replace that {kind.noun}')}") from None
         return {}
 
 
@@ -72,34 +88,54 @@ def inspect(out: Path, record: dict, *, overwrite: bool, kind: DirKind) -> Plan:
     """Read-only: what `prepare` will do with `out`; the kind's error where it must refuse."""
     if not out.exists():
         return "new"
-    noun, name = kind.noun, kind.name(out)
     foreign = kind.layout.foreign(out)
-    marker = out / str(kind.layout.start)
-    previous = _start_record(out, kind, overwrite=overwrite) if marker.is_file() else None
+    previous = _previous(out, record, kind, overwrite=overwrite)
     finished = kind.is_finished(out)
+    if finished and kind.finished_record is not None and previous == record:
+        return "complete"
     if not finished and previous == record:
         return "resume"
     if finished or previous is not None:
-        what = f"a finished {noun} ({kind.layout.done})" if finished else \
-            f"an unfinished {noun} with a different {', '.join(changed(previous, record))}"
-        if not overwrite:
-            hint = f"choose another {kind.option}, or pass {kind.overwrite} to replace it"
-            hint = hint if finished else f"{_resume_hint(previous, record)}, {hint}"
-            raise kind.error(f"{name} holds {what}; {hint}")
-        if foreign:
-            raise kind.error(f"{name} holds {what} and files a {noun} does not write ({', '.join(foreign[:8])}); "
-                             f"{kind.overwrite} removes only a {noun}'s own files: move those first")
+        _replaceable(out, record, previous, finished, foreign, overwrite=overwrite, kind=kind)
         return "replace"
     if foreign:
-        raise kind.error(f"{name} is not empty and holds no {noun} ({', '.join(foreign[:8])}); choose an empty or "
-                         f"new directory")
+        raise kind.error(f"{kind.name(out)} is not empty and holds no {kind.noun} ({', '.join(foreign[:8])}); choose "
+                         f"an empty or new directory")
     return "new"
+
+
+def _previous(out: Path, record: dict, kind: DirKind, *, overwrite: bool) -> dict | None:
+    """The record of the work `out` holds: the finished one's for a kind that keeps it, else the start record's."""
+    if kind.finished_record is not None and kind.is_finished(out):
+        try:
+            return kind.finished_record(out) or {}
+        except UsageError as exc:
+            raise kind.error(f"{kind.name(out)} holds a finished {kind.noun} this job cannot read: {exc}; "
+                             f"{kind.hint(f'replace that {kind.noun}')}") from None
+    marker = out / str(kind.layout.start)
+    return _start_record(out, kind, overwrite=overwrite) if kind.layout.start and marker.is_file() else None
+
+
+def _replaceable(out: Path, record: dict, previous: dict | None, finished: bool, foreign: list[str], *,
+                 overwrite: bool, kind: DirKind) -> None:
+    """Nothing when this process may replace the other work `out` holds; the kind's error naming it otherwise."""
+    noun, name = kind.noun, kind.name(out)
+    differs = f" with a different {', '.join(changed(previous, record))}" if previous is not None else ""
+    what = f"a finished {noun} ({kind.layout.done}){differs if kind.finished_record else ''}" if finished else \
+        f"an unfinished {noun}{differs}"
+    if not overwrite or kind.overwrite is None:
+        hint = kind.hint("replace it")
+        hint = hint if finished else f"{_resume_hint(previous, record)}, {hint}"
+        raise kind.error(f"{name} holds {what}; {hint}")
+    if foreign:
+        raise kind.error(f"{name} holds {what} and files {_a(noun)} does not write ({', '.join(foreign[:8])}); "
+                         f"{kind.overwrite} removes only {_a(noun)}'s own files: move those first")
 
 
 def prepare(out: Path, record: dict, plan: Plan, kind: DirKind) -> None:
     """Make `out` ready for this job as `inspect` decided (under the same lock, so nothing changed in between)."""
     layout = kind.layout
-    if plan == "resume":
+    if plan in ("resume", "complete") or (plan == "replace" and kind.replace_late):
         layout.remove_stale_temps(out)
         return
     done = out / str(layout.done)
@@ -108,17 +144,20 @@ def prepare(out: Path, record: dict, plan: Plan, kind: DirKind) -> None:
     for child in sorted(out.iterdir()):
         if layout.owns(child.name) and child.name not in kind.kept:
             remove(child)
-    write_json(out / str(layout.start), record)
+    if layout.start is not None:
+        write_json(out / str(layout.start), record)
 
 
-def claim(out: Path, *, wait: bool, kind: DirKind) -> DirClaim:
-    """The output directory for this process alone, from the decision about what it holds to its completing file; its
-    lease lets writers on other hosts check they still write for this job (`check_lease`)."""
-    name = kind.name(out)
-    return DirClaim(out, lock_file=kind.layout.lock, lease=True, wait=wait,
-                    refusal=lambda holder: f"{name} is in use by {holder}: another {kind.job} is writing it. Wait for "
-                                           f"it to finish, or pass wait_for_lock=true to wait here",
-                    waiting=lambda holder: f"{name} is in use by {holder}; waiting for it (wait_for_lock=true)")
+def claim(out: Path, *, wait: bool = False, kind: DirKind) -> DirClaim:
+    """The output directory for this process alone, from the decision about what it holds to its completing file. A
+    kind with a lock file gets a lease there, which lets writers on other hosts check they still write for this job
+    (`check_lease`); one without has the directory itself locked, so no file is added that a trainer could list."""
+    name, lock = kind.name(out), kind.layout.lock
+    wait_hint = f". Wait for it to finish, or pass {kind.wait} to wait here" if kind.wait else \
+        ". Wait for it to finish, or choose another directory"
+    return DirClaim(out, lock_file=lock, lease=lock is not None, wait=wait,
+                    refusal=lambda holder: f"{name} is in use by {holder}: another {kind.job} is writing it{wait_hint}",
+                    waiting=lambda holder: f"{name} is in use by {holder}; waiting for it ({kind.wait})")
 
 
 def check_lease(out: Path, token: str | None, kind: DirKind) -> None:

@@ -194,14 +194,16 @@ def read_marker(path: Path) -> dict | None:
 
 def changed(previous: Mapping[str, Any], record: Mapping[str, Any]) -> list[str]:
     """The start record's keys that differ; a changed mapping names its settings (at most 4), e.g.
-    `config (runner.storage_dtype: 'float8_e4m3fn' then, None now)`."""
+    `config (runner.storage_dtype: 'float8_e4m3fn' then, None now)`, a short value itself (`format ('speculators'
+    then, 'specforge' now)`)."""
     out = []
     for key in sorted(set(previous) | set(record)):
         then, now = previous.get(key), record.get(key)
         if then == now:
             continue
-        settings = _settings(then, now, "") if isinstance(then, dict) and isinstance(now, dict) else []
-        shown = "; ".join(f"{k}: {a!r} then, {b!r} now" for k, a, b in settings[:4])
+        settings = _settings(then, now, "") if isinstance(then, dict) and isinstance(now, dict) else \
+            [(None, then, now)] if len(repr(then)) + len(repr(now)) <= 80 else []  # a short value: shown
+        shown = "; ".join(f"{k + ': ' if k else ''}{a!r} then, {b!r} now" for k, a, b in settings[:4])
         out.append(f"{key} ({shown}{'; ...' if len(settings) > 4 else ''})" if shown else key)
     return out
 

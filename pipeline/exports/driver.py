@@ -2,9 +2,9 @@
 
 Order of work: read the manifest; choose the slots (slots.py; the last state is never guessed, and derived only
 when asked: unnorm.py); stop if OUT already holds this export complete; verify the run (a run that does not verify is
-refused); hold OUT (one export at a time) and claim it (fresh or resume); write every sample's file not already there,
-each to a temp file renamed when complete (a killed export leaves only `.*.tmp` files, which no trainer lists and the
-next run removes); the layout's own index files; `export.json` last.
+refused); claim OUT (one export at a time) and prepare it as pipeline.core.lifecycle decides (new or resume); write
+every sample's file not already there, each to a temp file renamed when complete (a killed export leaves only
+`.*.tmp` files, which no trainer lists and the next run removes); the layout's own index files; `export.json` last.
 """
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
+from pipeline.core import lifecycle
 from pipeline.core.io import atomic_path
 from pipeline.core.outdir import Layout, unusable_dir
 from pipeline.exports import vocab
 from pipeline.exports.base import Exporter, ExportSample
 from pipeline.exports.progress import ExportProgress
-from pipeline.exports.sidecar import build, claim, export_layout, finish, hold, plan_record, status
+from pipeline.exports.sidecar import build, export_dir, finish, plan_record
 from pipeline.exports.slots import ExportError, RunDoesNotVerify, SlotPlan, plan_slots
 from pipeline.exports.unnorm import Unnorm
 from pipeline.shards.layout import check_out
@@ -31,7 +32,7 @@ from pipeline.shards.verify import verify_run
 @dataclass(frozen=True, kw_only=True)
 class ExportResult:
     out: Path
-    status: str  # fresh | resume | complete (nothing left to do)
+    status: lifecycle.Plan  # new | resume | complete (nothing left to do)
     plan: SlotPlan
     written: int
     skipped: int
@@ -112,18 +113,19 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
                               num_tokens=manifest["num_tokens"])
     complete = ExportResult(out=out, status="complete", plan=plan, written=0, skipped=manifest["num_samples"],
                             bytes_written=0, seconds=0.0)
-    if status(out, record) == "complete":  # checked before the (full-read) verification: nothing to do
+    kind = export_dir(files)
+    if lifecycle.inspect(out, record, overwrite=False, kind=kind) == "complete":  # before the full-read verification
         return complete
     unnorm = Unnorm.of_run(manifest, run_dir) if plan.last_unnormed else None  # before anything is written
     if (why := unusable_dir(out)) is not None:  # a path through a regular file, a read-only directory
         raise ExportError(f"--out {out} {why}")
     if verify:
         _verify(run_dir)
-    with hold(out):
-        found = claim(out, record)
-        if found == "complete":  # another export finished it while this one verified the run
+    with lifecycle.claim(out, kind=kind):
+        found = lifecycle.inspect(out, record, overwrite=False, kind=kind)  # what another export did meanwhile
+        if found == "complete":
             return complete
-        export_layout(files).remove_stale_temps(out)
+        lifecycle.prepare(out, record, found, kind)
         with RunReader(run_dir) as reader, progress:
             _write_samples(reader, exporter, plan, out, progress, unnorm)
             index_files = exporter.finish(out, _tokens(reader))

@@ -4,16 +4,16 @@
 and what each slot is in SGLang's and vLLM's numbering for this model (what a draft config must say to be served the
 same features).
 `.export-plan.json` is written first: a rerun resumes only an export of the same run, layout and slots.
-One export writes OUT at a time (`hold`): a second one started beside it would remove the first's temp files.
-What OUT holds is the trainer's files (`Exporter.files`) plus these two (`export_layout`).
+One export writes OUT at a time (the lifecycle's claim): a second one started beside it would remove the first's temp
+files. What OUT holds is the trainer's files (`Exporter.files`) plus these two (`export_layout`, `export_dir`).
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.core.claim import DirClaim
 from pipeline.core.io import sha256_file, sha256_json
+from pipeline.core.lifecycle import DirKind
 from pipeline.core.jsonfile import read_object
 from pipeline.core.outdir import Layout, remove, write_json
 from pipeline.exports.slots import ExportError, SlotPlan, TrainerLayout, serving_ids
@@ -24,6 +24,8 @@ from pipeline.shards.storage import of_manifest
 SIDECAR = "export.json"
 PLAN = ".export-plan.json"
 SIDECAR_VERSION = "1"
+PLAN_KEYS = ("format", "trainer", "run_manifest_sha256", "run_provenance_digest", "slots", "last_unnormed",
+             "draft_vocab")  # what `plan_record` may hold, optional ones last
 
 
 def export_layout(files: Layout) -> Layout:
@@ -68,43 +70,41 @@ def build(run_dir: Path, manifest: Mapping[str, Any], layout: TrainerLayout, pla
     }
 
 
-def status(out: Path, record: Mapping[str, Any]) -> str:
-    """'fresh', 'resume' or 'complete' for this export in `out`, writing nothing; ExportError when `out` holds
-    something else."""
-    out = Path(out)
-    want = sha256_json(record)
-    for name, status in ((SIDECAR, "complete"), (PLAN, "resume")):
-        path = out / name
-        if path.is_file():
-            try:
-                found = read_object(path, ExportError)  # bounded in size and nesting
-            except ExportError as exc:
-                raise ExportError(f"{exc}; remove {out} or choose another --out") from None
-            got = found.get("plan_sha256") if name == SIDECAR else sha256_json(found)
-            if got != want:
-                theirs = {k: found.get(k) for k in ("format", "run_provenance_digest", "slots")}
-                raise ExportError(f"{out} holds another export ({theirs}); choose another --out")
-            return status
-    if out.exists() and any(out.iterdir()):
-        raise ExportError(f"{out} is not empty and holds no export plan; choose an empty or new --out")
-    return "fresh"
+def _plan_v1(sidecar: Mapping[str, Any]) -> dict:
+    """Version 1: the plan's keys at the top level, its `slots` (labels) replaced there by the slots' records, and
+    `last_unnormed`, `draft_vocab` present only when set (so `plan_sha256` is over exactly the keys present)."""
+    plan = {k: sidecar[k] for k in PLAN_KEYS if k in sidecar}
+    if "draft_vocab" in plan:  # the plan's N, replaced by the vocabulary's record once written
+        written = plan["draft_vocab"]
+        plan["draft_vocab"] = written.get("draft_vocab_size") if isinstance(written, dict) else written
+    slots = sidecar.get("slots")
+    if isinstance(slots, list):
+        plan["slots"] = [s.get("point") if isinstance(s, dict) else s for s in slots]
+    return plan
 
 
-def hold(out: Path) -> DirClaim:
-    """OUT (created if missing) for this process alone: an OS lock on the directory itself, so no file is added that
-    a trainer could list, and the kernel releases it when the holder dies (kill -9 included)."""
-    return DirClaim(out, lock_file=None, busy_error=ExportError,
-                    refusal=lambda holder: f"{out} is being written by another export; wait for it to finish (a rerun "
-                                           f"then finds it complete) or choose another --out")
+PLAN_READERS = {"1": _plan_v1}  # one reader per sidecar version: an export written by any of them is found complete
 
 
-def claim(out: Path, record: Mapping[str, Any]) -> str:
-    """`status`, and for a fresh export the plan file written into `out` (a rerun then resumes it)."""
-    found = status(out, record)
-    if found == "fresh":
-        Path(out).mkdir(parents=True, exist_ok=True)
-        write_json(Path(out) / PLAN, record)
-    return found
+def _finished_record(out: Path) -> dict:
+    """The plan a finished export was written for, as its sidecar records it; {} (another export's) when the sidecar
+    does not prove it (`plan_sha256`). ExportError: a sidecar this code cannot read."""
+    found = read_object(Path(out) / SIDECAR, ExportError)  # bounded in size and nesting
+    version = found.get("sidecar_version")
+    if version not in PLAN_READERS:
+        raise ExportError(f"{Path(out) / SIDECAR}: sidecar_version {version!r}, which this code does not read "
+                          f"(it reads {', '.join(PLAN_READERS)})")
+    plan = PLAN_READERS[version](found)
+    return plan if sha256_json(plan) == found.get("plan_sha256") else {}
+
+
+def export_dir(files: Layout) -> DirKind:
+    """An export directory as one kind of output directory (pipeline.core.lifecycle): the export command writes it,
+    a rerun of the same plan finds a finished one complete, it is never replaced (choose another --out), and it is
+    locked itself (no lock file a trainer could list)."""
+    layout = export_layout(files)
+    return DirKind(layout=layout, noun="export", job="export", kept=(), is_finished=layout.is_done, option="--out",
+                   overwrite=None, wait=None, error=ExportError, finished_record=_finished_record)
 
 
 def finish(out: Path, sidecar: Mapping[str, Any]) -> Path:

@@ -34,6 +34,10 @@ def test_the_vocabulary_files_are_read_by_speculators_own_loader(llama_run, mode
         assert sidecar["files"][role]["path"] == name
         assert sidecar["files"][role]["sha256"] == hashlib.sha256((out / name).read_bytes()).hexdigest()
     assert f"--d2t-path {out.resolve() / f'd2t-{N}.npy'}" in sidecar["trainer_args"]
+    again = cli("pipeline.export", str(llama_run), "--format", "speculators", "--out", str(out), "--draft-vocab", str(N))
+    assert again.returncode == 0 and "already complete" in again.stdout, again.stderr  # its sidecar read as its plan
+    other = cli("pipeline.export", str(llama_run), "--format", "speculators", "--out", str(out), "--draft-vocab", "32")
+    assert other.returncode == 2 and f"draft_vocab ({N} then, 32 now)" in other.stderr, other.stderr
     result, loaded = trainer("speculators", "vocab", out, tmp_path / "result", str(models_root / "tiny-llama"), str(N))
     # speculators' CLI loads them (given the paths, and finding them in its data path), its own functions build the
     # same files from the export's frequencies and count the same frequencies over the export's dataset, and it

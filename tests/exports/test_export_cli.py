@@ -158,11 +158,15 @@ def test_out_holding_another_export_or_other_files_is_refused(llama_run, tmp_pat
     out = tmp_path / "out"
     assert export(llama_run, out, "speculators").returncode == 0
     error = _one_line_error(export(llama_run, out, "specforge"))
-    assert "holds another export" in error and "speculators" in error
+    assert "holds a finished export" in error and "'speculators' then" in error
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("x")
     assert "not empty" in _one_line_error(export(llama_run, other, "speculators"))
+    sidecar = json.loads((out / "export.json").read_text())
+    (out / "export.json").write_text(json.dumps({**sidecar, "sidecar_version": "9"}))
+    error = _one_line_error(export(llama_run, out, "speculators"))
+    assert "sidecar_version '9', which this code does not read (it reads 1)" in error, error
 
 
 def test_a_second_export_into_an_out_being_written_is_refused_and_the_first_is_untouched(llama_run, tmp_path):
@@ -174,13 +178,15 @@ def test_a_second_export_into_an_out_being_written_is_refused_and_the_first_is_u
     assert killed.returncode == -9
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom pipeline.exports.sidecar import hold\n"
-         f"with hold({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(120)"],
+        [sys.executable, "-c", "import time\nfrom pathlib import Path\nfrom pipeline.core.lifecycle import claim\n"
+         "from pipeline.exports.sidecar import export_dir\nfrom pipeline.exports.speculators import FILES\n"
+         f"with claim(Path({str(out)!r}), kind=export_dir(FILES)):\n    print('held', flush=True)\n"
+         "    time.sleep(120)"],
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         error = _one_line_error(export(llama_run, out, "speculators"))
-        assert "being written by another export" in error and str(out) in error
+        assert "another export is writing it" in error and str(out) in error
         assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # its temp file included
     finally:
         holder.kill()

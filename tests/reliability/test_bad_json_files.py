@@ -318,13 +318,13 @@ def test_an_exports_own_files_are_read_bounded(run, tmp_path, capsys):
     out.mkdir()
     (out / "export.json").write_text(DEEP)
     line = one_error(capsys, ExitCode.USAGE, export.main, str(run), "--format", "specforge", "--out", str(out))
-    assert line == (f"error: {out / 'export.json'} nests arrays or objects deeper than {MAX_DEPTH} levels; remove "
-                    f"{out} or choose another --out")
+    assert line == (f"error: --out {out} holds a finished export this job cannot read: {out / 'export.json'} nests "
+                    f"arrays or objects deeper than {MAX_DEPTH} levels; choose another --out")
     (out / "export.json").unlink()
     (out / ".export-plan.json").write_text("[1, 2]")
     line = one_error(capsys, ExitCode.USAGE, export.main, str(run), "--format", "specforge", "--out", str(out))
-    assert line == (f"error: {out / '.export-plan.json'} holds a JSON array, not an object; remove {out} or choose "
-                    "another --out")
+    assert line == (f"error: --out {out} holds no export's start record: {out / '.export-plan.json'} holds a JSON "
+                    "array, not an object; choose another --out")
 
 
 def test_extract_names_a_start_record_it_cannot_read(finished, tmp_path):

@@ -21,7 +21,7 @@ def _finished(path):
 
 def test_a_finished_report_is_replaced_only_with_overwrite(tmp_path):
     out = _finished(tmp_path / "out")
-    with pytest.raises(UsageError, match=r"holds a finished acceptance report \(report.json\); pass --overwrite"):
+    with pytest.raises(UsageError, match=r"holds a finished acceptance report \(report.json\); choose another --out, or pass --overwrite"):
         report_dir.check(out, overwrite=False)
     report_dir.check(out, overwrite=True)
     assert json.loads((out / "report.json").read_text()) == {"old": True}  # checking changes nothing
@@ -31,9 +31,14 @@ def test_files_the_report_does_not_write_are_refused_by_name(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(UsageError, match=r"does not write \(notes.txt\)"):
+    with pytest.raises(UsageError, match=r"is not empty and holds no acceptance report \(notes.txt\)"):
         report_dir.check(out, overwrite=True)
     assert (out / "notes.txt").read_text() == "mine"
+    finished = _finished(tmp_path / "finished")
+    (finished / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match=r"files an acceptance report does not write \(notes.txt\); --overwrite "
+                                         r"removes only an acceptance report's own files"):
+        report_dir.check(finished, overwrite=True)
 
 
 def test_a_failed_measurement_removes_only_the_directory_it_created(tmp_path):
@@ -60,7 +65,7 @@ def test_a_directory_another_process_measures_into_is_refused(tmp_path):
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(UsageError, match="another accept is measuring into it"):
+        with pytest.raises(UsageError, match="another accept is writing it"):
             with report_dir.taken(out, overwrite=False):
                 pytest.fail("taken while another process holds it")
     finally:
