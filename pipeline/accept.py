@@ -29,7 +29,8 @@ from pipeline.core.cli import ExitCode, UsageError, interrupts_from_here, run_co
 
 interrupts_from_here(__name__, "accept")  # before the imports below (seconds): Ctrl-C there is one line too
 
-from pipeline.acceptance.measure import SGLANG_REFUSAL, Settings, measure  # noqa: E402
+from pipeline.acceptance.measure import SGLANG_REFUSAL, measure  # noqa: E402
+from pipeline.acceptance.report import Settings  # noqa: E402
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,17 +73,17 @@ def accept(argv: Sequence[str] | None) -> ExitCode:
                         temperature=args.temperature, dtype=args.dtype, engine_options=dict(args.engine_option))
     report = measure(args.draft, target=args.target, run=args.run, export=args.export, prompts=args.prompts,
                      out=args.out, settings=settings, overwrite=args.overwrite)
-    for d in report["drafts"]:
-        o = d["overall"]
-        length = "-" if o["acceptance_length"] is None else f"{o['acceptance_length']:.3f}"
-        per_pos = " / ".join(f"{v:.3f}" for v in o["per_position"] or [])
-        print(f"{d['name']}: acceptance length {length}, per position {per_pos or '-'}, {d['tokens_per_s']:.1f} "
-              f"tok/s (plain {report['plain']['tokens_per_s']:.1f}), {d['differing']} of {report['num_prompts']} "
-              f"outputs differ from plain greedy; doctor: {d['doctor']['verdict']}")
+    for d in report.drafts:
+        o = d.overall
+        length = "-" if o.acceptance_length is None else f"{o.acceptance_length:.3f}"
+        per_pos = " / ".join(f"{v:.3f}" for v in o.per_position or [])
+        print(f"{d.name}: acceptance length {length}, per position {per_pos or '-'}, {d.tokens_per_s:.1f} "
+              f"tok/s (plain {report.plain.tokens_per_s:.1f}), {d.differing} of {report.num_prompts} "
+              f"outputs differ from plain greedy; doctor: {d.doctor.verdict}")
     print(f"report: {args.out.resolve() / 'report.html'} (and report.md, report.json)")
-    for f in report["failed"]:  # measured without them; the worst of their exit codes is the command's
-        print(f"error: {f['error']}", file=sys.stderr)
-    return max((ExitCode(f["exit_code"]) for f in report["failed"]), default=ExitCode.OK)
+    for f in report.failed:  # measured without them; the worst of their exit codes is the command's
+        print(f"error: {f.error}", file=sys.stderr)
+    return max((ExitCode(f.exit_code) for f in report.failed), default=ExitCode.OK)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,12 +4,13 @@ started) -> take the report directory -> one speculative vLLM start per draft an
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-from pipeline.acceptance import figures as fg
 from pipeline.acceptance import report_dir
+from pipeline.acceptance.report import (DraftFiles, Doctor, NotMeasured, PromptSource, Provenance, Report,
+                                        Settings, TargetSource, draft_result, plain_result)
 from pipeline.acceptance.render import html, markdown
 from pipeline.core.cli import RunFailed, UsageError
 from pipeline.core.contracts import EngineSpec
@@ -33,16 +34,6 @@ SGLANG_REFUSAL = ("--serve sglang: SGLang 0.5.23's EAGLE-3 path calls real sgl-k
                   "(copy_all_layer_kv_cache_cpu, fill_accept_out_cache_loc_cpu, ...) that no PyPI build provides, so "
                   "it cannot start on these CPUs; serve with --serve vllm (docs/engines.md says how SGLang's own "
                   "counters are read where it runs)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Settings:
-    num_speculative_tokens: int
-    max_tokens: int
-    temperature: float
-    dtype: str
-    seed: int = 0
-    engine_options: dict[str, Any] = field(default_factory=dict)  # --engine-option: the measuring engine's options
 
 
 def engine_spec(s: Settings, draft: Path | None, max_len: int) -> EngineSpec:
@@ -86,10 +77,10 @@ def _prompts(path: Path, model_dir: Path) -> tuple[list[list[int]], int]:
     return ids, len(got.rejects)
 
 
-def _doctor(draft: Path, model_dir: Path, run: Path | None, export: Path | None) -> dict[str, Any]:
+def _doctor(draft: Path, model_dir: Path, run: Path | None, export: Path | None) -> Doctor:
     findings, _ = examine(Request(draft=draft, serve="vllm", run=run, export=export, target=model_dir))  # usage errors
-    return {"verdict": "MISMATCH" if failed(findings) else "OK",
-            "findings": [f"{f.status} {f.check} {f.message}" for f in findings]}
+    return Doctor(verdict="MISMATCH" if failed(findings) else "OK",
+                  findings=tuple(f"{f.status} {f.check} {f.message}" for f in findings))
 
 
 def _serve(model_dir: Path, draft: Path | None, prompts: list[list[int]], s: Settings, max_len: int) -> dict:
@@ -114,27 +105,12 @@ def _serve(model_dir: Path, draft: Path | None, prompts: list[list[int]], s: Set
         engine.close()
 
 
-def _per_draft(name: str, served: dict, plain: list[dict], doctor: dict) -> dict[str, Any]:
-    rows = []
-    for i, (r, p) in enumerate(zip(served["results"], plain)):
-        counts = fg.delta(r["before"], r["after"])
-        rows.append({"prompt": i, "counters_before": r["before"], "counters_after": r["after"], "counts": counts,
-                     **fg.figures(counts), "output_tokens": len(r["output_ids"]), "seconds": r["seconds"],
-                     "equals_plain": r["output_ids"] == p["output_ids"], "output_ids": r["output_ids"]})
-    tokens, seconds = sum(r["output_tokens"] for r in rows), sum(r["seconds"] for r in rows)
-    overall = fg.total([r["counts"] for r in rows])
-    return {"name": name, "doctor": doctor, "overall": {"counts": overall, **fg.figures(overall)},
-            "tokens_per_s": fg.rate(tokens, seconds), "differing": sum(not r["equals_plain"] for r in rows),
-            "differing_share": sum(not r["equals_plain"] for r in rows) / len(rows), "prompts": rows,
-            "speculative_config": served["info"]["extra"]["speculative_config"]}
-
-
 @dataclass(frozen=True)
 class Plan:
     """What a measurement needs, all read and checked before any engine starts."""
 
     model_dir: Path
-    doctors: list[dict[str, Any]]
+    doctors: list[Doctor]
     prompt_ids: list[list[int]]
     rejected: int
 
@@ -154,7 +130,7 @@ def prepare(drafts: Sequence[Path], *, target: Path | None, run: Path | None, ex
 
 
 def measure(drafts: Sequence[Path], *, target: Path | None, run: Path | None, export: Path | None = None,
-            prompts: Path, out: Path, settings: Settings, overwrite: bool = False) -> dict[str, Any]:
+            prompts: Path, out: Path, settings: Settings, overwrite: bool = False) -> Report:
     plan = prepare(drafts, target=target, run=run, export=export, prompts=prompts, out=out, overwrite=overwrite,
                    settings=settings)
     model_dir, ids = plan.model_dir, plan.prompt_ids
@@ -173,34 +149,27 @@ def measure(drafts: Sequence[Path], *, target: Path | None, run: Path | None, ex
                 "no draft could be measured: " + "; ".join(str(e) for e in failures.values()))
         plain = _serve(model_dir, None, ids, settings, max_len)
         report = _report(drafts, served, failures, plain, plan, settings, prompts=prompts, run=run, export=export)
-        report_dir.write(out, report_json=json.dumps(report, indent=1) + "\n", report_md=markdown(report),
-                     report_html=html(report))
+        report_dir.write(out, report_json=report.to_json(), report_md=markdown(report), report_html=html(report))
     return report
 
 
 def _report(drafts: Sequence[Path], served: dict[Path, dict], failures: dict[Path, UsageError | RunFailed],
             plain: dict, plan: Plan, settings: Settings, *, prompts: Path, run: Path | None,
-            export: Path | None) -> dict[str, Any]:
-    plain_rows = plain["results"]
+            export: Path | None) -> Report:
     names = {d: d.name if [x.name for x in drafts].count(d.name) == 1 else str(d) for d in drafts}
     doctors = dict(zip(drafts, plan.doctors))
-    per_draft = [_per_draft(names[d], s, plain_rows, doctors[d]) for d, s in served.items()]
-    not_measured = [{"name": names[d], "path": str(d), "exit_code": int(e.exit_code), "error": str(e),
-                     "doctor": doctors[d]} for d, e in failures.items()]
-    return {
-        "settings": asdict(settings), "num_prompts": len(plan.prompt_ids), "rejected_records": plan.rejected,
-        "plain": {"tokens_per_s": fg.rate(sum(len(r["output_ids"]) for r in plain_rows),
-                                          sum(r["seconds"] for r in plain_rows)),
-                  "prompts": [{"output_ids": r["output_ids"], "seconds": r["seconds"]} for r in plain_rows]},
-        "drafts": per_draft,
-        "failed": not_measured,  # drafts vLLM refused or failed on: no figures, the error in one line
-        "provenance": {"vllm_version": plain["info"]["framework_version"],
-                       "target": {"path": str(plan.model_dir),
-                                  "config_sha256": sha256_file(plan.model_dir / "config.json"),
-                                  "run": None if run is None else str(run),
-                                  "export": None if export is None else str(export)},
-                       "prompts": {"path": str(prompts), "sha256": sha256_file(prompts),
-                                   "prompt_ids": plan.prompt_ids},
-                       "drafts": [{"path": str(d), "files": {f.name: sha256_file(f) for f in sorted(d.iterdir())
-                                                             if f.is_file()}} for d in served],
-                       "environment": plain["info"]["extra"]}}
+    plain_out = plain_result(plain["results"])
+    target = TargetSource(path=str(plan.model_dir), config_sha256=sha256_file(plan.model_dir / "config.json"),
+                          run=None if run is None else str(run), export=None if export is None else str(export))
+    return Report(
+        settings=settings, num_prompts=len(plan.prompt_ids), rejected_records=plan.rejected, plain=plain_out,
+        drafts=tuple(draft_result(names[d], s, plain_out, doctors[d]) for d, s in served.items()),
+        failed=tuple(NotMeasured(name=names[d], path=str(d), exit_code=int(e.exit_code), error=str(e),
+                                 doctor=doctors[d]) for d, e in failures.items()),
+        provenance=Provenance(
+            vllm_version=plain["info"]["framework_version"], target=target,
+            prompts=PromptSource(path=str(prompts), sha256=sha256_file(prompts),
+                                 prompt_ids=tuple(tuple(ids) for ids in plan.prompt_ids)),
+            drafts=tuple(DraftFiles(path=str(d), files={f.name: sha256_file(f) for f in sorted(d.iterdir())
+                                                         if f.is_file()}) for d in served),
+            environment=plain["info"]["extra"]))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from pipeline.acceptance.measure import Settings, prepare
+from pipeline.acceptance.measure import prepare
+from pipeline.acceptance.report import Settings
 from tests.exports.conftest import cli
 from tests.helpers.drafts import make_draft
 
@@ -24,7 +25,7 @@ def test_the_target_and_the_trained_features_come_from_the_export(llama_run, mod
                    overwrite=False, settings=Settings(num_speculative_tokens=3, max_tokens=8, temperature=0.0,
                                                       dtype="float32"))
     assert plan.model_dir.resolve() == (models_root / "tiny-llama").resolve()
-    assert [d["verdict"] for d in plan.doctors] == ["OK", "MISMATCH"], plan.doctors
-    aux = [f for f in plan.doctors[1]["findings"] if " aux-ids " in f]
-    assert aux and aux[0].startswith("MISMATCH") and "b1,b3,b5" in aux[0], plan.doctors[1]["findings"]
+    assert [d.verdict for d in plan.doctors] == ["OK", "MISMATCH"], plan.doctors
+    aux = [f for f in plan.doctors[1].findings if " aux-ids " in f]
+    assert aux and aux[0].startswith("MISMATCH") and "b1,b3,b5" in aux[0], plan.doctors[1].findings
     assert len(plan.prompt_ids) == 1 and not (tmp_path / "out").exists()  # nothing written before measuring
