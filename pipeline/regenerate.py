@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from pipeline.core.cli import ExitCode, interrupts_from_here
+from pipeline.core.cli import interrupts_from_here
 
 interrupts_from_here(__name__, "regenerate")  # before the imports below (seconds): Ctrl-C there is one line too
 
@@ -25,10 +25,6 @@ from pipeline.config import RegenerateConfig  # noqa: E402
 from pipeline.config.command import HydraJob, run_hydra  # noqa: E402
 from pipeline.factory import build_step  # noqa: E402
 from pipeline.regen.job import run_regenerate  # noqa: E402
-
-# Declared for the recipes' sake (pipeline/config/regen_schema.py) but not read: refused when given here.
-_EXTRACT_ONLY = ("gate", "diff")
-
 
 def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
@@ -60,12 +56,6 @@ JOB = HydraJob(name="regenerate", config_name="regenerate", schema=RegenerateCon
 
 def main() -> int:
     """`python -m pipeline.regenerate` and the console script `pipeline-regenerate`: overrides from sys.argv."""
-    for arg in sys.argv[1:]:
-        key = arg.lstrip("+~").split("=", 1)[0]
-        if key.split(".", 1)[0] in _EXTRACT_ONLY:
-            print(f"configuration error: {key} is extract's (its diff gate); regeneration compares no hidden "
-                  f"states", file=sys.stderr)
-            return ExitCode.USAGE
     return run_hydra(JOB, sys.argv[1:])
 
 

@@ -135,6 +135,24 @@ def _run_once(job: HydraJob, overrides: Sequence[str]) -> int:
         return int(ret.return_value)  # the guard's code: Ctrl-C and SIGTERM (BaseExceptions) went past run_job
 
 
+_VALUED = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+           "--experimental-rerun"}
+_INFO = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}  # --info's optional value
+
+
+def _split_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(overrides, Hydra's flags with their values): Hydra's parser takes its overrides in one run, so one added
+    after the user's (`+exp=kimi --cfg job` + `hydra.job.name=...`) must go before the flags."""
+    overrides: list[str] = []
+    flags: list[str] = []
+    previous = None
+    for arg in argv:
+        is_value = previous in _VALUED or (previous in ("--info", "-i") and arg in _INFO)
+        (flags if arg.startswith("-") or is_value else overrides).append(arg)
+        previous = None if is_value else arg
+    return overrides, flags
+
+
 def _hydra_main(job: HydraJob, argv: Sequence[str]) -> int:
     """Hydra's own `main` for its flags (--help, --cfg, -m): a sweep's jobs checked first."""
     try:
@@ -147,7 +165,8 @@ def _hydra_main(job: HydraJob, argv: Sequence[str]) -> int:
         if code := guarded(job, cfg):
             sys.exit(code)
 
-    sys.argv[1:] = [*argv, f"hydra.job.name={job.name}"]
+    overrides, flags = _split_flags(argv)
+    sys.argv[1:] = [*overrides, f"hydra.job.name={job.name}", *flags]
     hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=job.config_name)(task)()
     return ExitCode.OK
 

@@ -4,6 +4,7 @@ declare is a configuration error naming the key, through the same checks for eve
 """
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
@@ -53,7 +54,20 @@ def check_override_keys(argv: Sequence[str], config_name: str = "config") -> Non
     (`runer.overlap_writes=true`) is the ConfigError it is (exit status 2, the closest valid key named), not Hydra's
     composition error (exit status 1) advising `+`."""
     if message := unknown_override_keys(JOBS[config_name], argv, config_groups()):
-        raise ConfigError(message)
+        raise ConfigError(message + _whose(argv, config_name))
+
+
+_COMMANDS = {"config": "extract", "diff": "diff", "regenerate": "regenerate"}
+
+
+def _whose(argv: Sequence[str], config_name: str) -> str:
+    """`; gate is extract's, not regenerate's` for the top-level keys another job declares and this one does not."""
+    own = {f.name for f in fields(JOBS[config_name])}
+    keys = dict.fromkeys(a.lstrip("+~").split("=", 1)[0].split(".", 1)[0] for a in argv if not a.startswith("-"))
+    found = [f"{key} is {_COMMANDS[other]}'s" for key in keys if key not in own
+             for other in (n for n, schema in JOBS.items() if n != config_name and key in
+                           {f.name for f in fields(schema)})][:1]
+    return f"; {found[0]}, not {_COMMANDS[config_name]}'s" if found else ""
 
 
 def to_config(cfg: DictConfig, schema: type[Job] = ExtractConfig) -> Job:  # type: ignore[assignment]

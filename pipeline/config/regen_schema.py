@@ -1,8 +1,8 @@
 """The regeneration job's config (`python -m pipeline.regenerate`, conf/regenerate.yaml): the groups extract
 uses (model, engine, data, runner) and what regeneration adds (sampling, the truncated-turn policy). Its config is
-closed like every job's: an extract-only key (`capture.points`, `sign_key`) is refused by name. `gate` and `diff`
-are declared only so that one recipe (`+exp=kimi`) serves both jobs; regeneration compares no hidden states, and
-`pipeline.regenerate` refuses them on its command line (pipeline/regenerate.py)."""
+closed like every job's: an extract-only key (`capture.points`, `sign_key`, `gate`, `diff`) is refused by name. One
+recipe (`+exp=kimi`) serves both jobs because a model's gate settings are extract's own group
+(conf/model_gate/, added by conf/config.yaml only)."""
 from __future__ import annotations
 
 import math
@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from pipeline.config.schema import DataConfig, DiffConfig, GateConfig, ModelConfig, RunnerConfig, _choice, _require
+from pipeline.config.schema import DataConfig, ModelConfig, RunnerConfig, _choice, _require
 from pipeline.core.contracts import EngineSpec
 
 TruncatedPolicy = StrEnum("TruncatedPolicy", {v: v for v in ("keep", "drop")})
@@ -81,8 +81,6 @@ class RegenerateConfig:
     data: DataConfig = MISSING
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    gate: GateConfig = field(default_factory=GateConfig)  # the recipes' extract gate: not read here
-    diff: DiffConfig = field(default_factory=DiffConfig)  # idem
     out_dir: str = MISSING
     overwrite: bool = False  # replace a finished regeneration (never done silently)
     wait_for_lock: bool = False

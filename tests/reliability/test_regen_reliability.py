@@ -119,7 +119,7 @@ def test_overwrite_never_removes_a_users_entry_inside_the_records(clean, tmp_pat
 
 
 @pytest.mark.parametrize("override, message", [
-    ("gate.mode=off", "gate.mode is extract's"),
+    ("gate.mode=off", "gate is extract's, not regenerate's"),
     ("sampling.n=2", "n > 1 needs a temperature > 0"),
     ("sampling.truncated=cut", "sampling.truncated='cut'"),
     ("capture.points=[1]", "capture"),

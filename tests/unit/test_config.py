@@ -1,10 +1,16 @@
 """The real conf/ tree composes, validates, and rejects bad values naming the field and the value."""
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.config import to_config
 from pipeline.run.resolve import ConfigError, resolve_run
+
+REPO = Path(__file__).resolve().parents[2]
 
 KIMI_K25_CONFIG = {  # the shape of Kimi-K2.5's config.json: a multimodal wrapper around a DeepSeek-V3 text model
     "architectures": ["KimiK25ForConditionalGeneration"],
@@ -50,6 +56,9 @@ def test_kimi_recipe_composes_and_validates(compose_cfg, kimi_dir, data_file, tm
     cfg = to_config(compose_cfg("+exp=kimi", f"model.path={kimi_dir}", f"data.path={data_file}",
                                 f"out_dir={tmp_path / 'run'}"))
     assert (cfg.engine.name, cfg.engine.tp_size, cfg.engine.dtype) == ("sglang", 8, "bfloat16")
+    # the model's gate (conf/model_gate/kimi_k25.yaml, extract's alone): vLLM at TP 8 as the reference, a larger probe
+    assert cfg.diff.reference == {"name": "vllm", "dtype": "bfloat16", "tp_size": 8}
+    assert (cfg.gate.probe.num_samples, cfg.gate.probe.max_tokens) == (8, 512)
     run = resolve_run(cfg)
     assert [p.label for p in run.points] == ["b0", "b3", "b31", "b59", "final_norm"]
     assert (run.model.num_layers, run.model.hidden_size, run.model.family) == (61, 7168, "deepseek")
@@ -159,3 +168,13 @@ def test_a_tiny_group_for_another_path_is_refused_saying_what_to_write():
     assert decide(["model=tiny_llama", "model.path=/data/tiny-llama"],
                   ModelChoice(choice="tiny_llama", default="tiny_k25_int4_8l", build="tiny-llama",
                               path="/data/tiny-llama")) == "keep"
+
+
+def test_hydras_own_flags_after_the_overrides_print_the_recipes_config():
+    """`python -m pipeline.extract +exp=kimi model.path=... --cfg job` prints the composed config (the job's name
+    used to be appended after Hydra's flags, which its parser refused)."""
+    proc = subprocess.run([sys.executable, "-m", "pipeline.extract", "+exp=kimi", "model.path=/models/Kimi-K2.5",
+                           "--cfg", "job"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    printed = yaml.safe_load(proc.stdout)
+    assert printed["model"]["path"] == "/models/Kimi-K2.5" and printed["diff"]["reference"]["tp_size"] == 8
