@@ -34,6 +34,21 @@ def is_temp_of(name: str, final: str) -> bool:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Entry:
+    """One entry of a directory as its kind sees it (`Layout.walk`)."""
+
+    rel: str  # relative to the directory: `manifest.json`, `shards/shard-00000.safetensors`
+    path: Path
+    folder: str | None  # the kind's folder it lies in; None at the root
+    what: str  # file | folder (the kind's own) | temp (an atomic write's) | symlink | special | unknown
+    is_dir: bool
+
+
+def _entries(folder: Path) -> list[Path]:
+    return sorted(Path(folder).iterdir(), key=lambda p: p.name)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Layout:
     """Every name a kind of directory owns at its root.
 
@@ -63,42 +78,62 @@ class Layout:
         patterns = self.dirs[folder]
         return not patterns or any(re.fullmatch(p, name) for p in patterns)
 
-    def foreign(self, root: Path) -> list[str]:
-        """Every entry of `root` this kind does not write, sorted, nested ones included (`shards/notes.txt`,
-        `records/sub/`): a root name it does not own, and inside one of its folders an entry that is not a regular
-        file its patterns name (or a temp file of one). A replacement removes owned folders whole, so what they hold
-        must be the kind's own."""
+    def walk(self, root: Path) -> list[Entry]:
+        """Every entry of `root` and of the folders it owns, sorted, each as this kind sees it: the one walk a
+        replacement (`foreign`), a resume (`stale_temps`), verify and the attestation read."""
         root = Path(root)
         found = []
-        for child in sorted(root.iterdir()):
-            if not self.owns(child.name):
-                found.append(child.name + ("/" if child.is_dir() and not child.is_symlink() else ""))
-            elif child.name in self.dirs and child.is_dir() and not child.is_symlink():
-                found += [f"{child.name}/{rel}" for rel in self._foreign_in(child)]
+        for child in _entries(root):
+            entry = self._entry(child, child.name, folder=None)
+            found.append(entry)
+            if entry.what == "folder":
+                found += self._folder(child)
         return found
 
-    def _foreign_in(self, folder: Path) -> list[str]:
-        out = []
-        for entry in sorted(folder.iterdir()):
-            plain = entry.is_file() and not entry.is_symlink()
-            if entry.name.endswith(TEMP_SUFFIX) and entry.name.startswith(".") and plain:
-                continue  # a killed writer's temp file: the kind's own, removed on resume
-            if not plain or not self.holds(folder.name, entry.name):
-                out.append(entry.name + ("/" if entry.is_dir() and not entry.is_symlink() else ""))
-        return out
+    def _folder(self, folder: Path) -> list[Entry]:
+        """A folder's entries; below a folder inside it (never the kind's, named once) only the temp files a killed
+        writer left, at any depth."""
+        found = []
+        for child in _entries(folder):
+            found.append(self._entry(child, f"{folder.name}/{child.name}", folder=folder.name))
+            if found[-1].is_dir:
+                found += [Entry(rel=t.relative_to(folder.parent).as_posix(), path=t, folder=folder.name, what="temp",
+                                is_dir=False) for t in sorted(child.rglob(f".*{TEMP_SUFFIX}"))
+                          if t.is_file() and not t.is_symlink()]
+        return found
+
+    def _entry(self, path: Path, rel: str, *, folder: str | None) -> Entry:
+        """What `path` is: a symlink, a special file or a temp file whatever its name, else owned or unknown."""
+        name, is_dir = path.name, path.is_dir() and not path.is_symlink()
+        plain = path.is_file() and not path.is_symlink()
+        temp = plain and (any(is_temp_of(name, n) for n in self.names) if folder is None else
+                          name.startswith(".") and name.endswith(TEMP_SUFFIX))
+        if path.is_symlink():
+            what = "symlink"
+        elif temp:
+            what = "temp"
+        elif not is_dir and not plain:
+            what = "special"
+        elif folder is None:
+            what = ("folder" if name in self.dirs else "unknown") if is_dir else \
+                ("file" if name in self.names and name not in self.dirs else "unknown")
+        else:
+            what = "file" if plain and self.holds(folder, name) else "unknown"
+        return Entry(rel=rel, path=path, folder=folder, what=what, is_dir=is_dir)
+
+    def foreign(self, root: Path) -> list[str]:
+        """Every entry of `root` this kind does not write, sorted, nested ones included (`shards/notes.txt`,
+        `records/sub/`): a name it does not own, a symlink or special file whatever its name, a folder inside one
+        of its folders. A replacement removes owned folders whole, so what they hold must be the kind's own."""
+        return [e.rel + ("/" if e.is_dir else "") for e in self.walk(root) if e.what in ("unknown", "symlink",
+                                                                                         "special")]
 
     def is_done(self, root: Path) -> bool:
         return self.done is not None and (Path(root) / self.done).is_file()
 
     def stale_temps(self, root: Path) -> Iterator[Path]:
         """Temp files killed writers left: those of the root names, and any inside the owned folders."""
-        root = Path(root)
-        for child in root.iterdir():
-            if child.is_file() and any(is_temp_of(child.name, n) for n in self.names):
-                yield child
-        for folder in self.dirs:
-            if (root / folder).is_dir():
-                yield from (p for p in (root / folder).rglob(f".*{TEMP_SUFFIX}") if p.is_file())
+        yield from (e.path for e in self.walk(root) if e.what == "temp")
 
     def remove_stale_temps(self, root: Path) -> None:
         for stale in list(self.stale_temps(root)):

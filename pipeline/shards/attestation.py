@@ -103,27 +103,11 @@ def pae(payload_type: str, payload: bytes) -> bytes:
 
 
 def run_files(run_dir: Path, listed: Mapping[str, str]) -> list[str]:
-    """The files of the run its attestation covers, sorted: the root files a run writes, the files its folders may
-    hold (in shards/ only the `listed` ones and their shards' markers), no symlink, no temp file."""
-    run_dir = Path(run_dir)
-    names = [n for n in layout.RUN.files if n not in _NOT_SUBJECTS and _regular(run_dir / n)]
-    for folder in layout.RUN.dirs:
-        if not _regular(run_dir / folder, folder=True):
-            continue
-        for child in sorted((run_dir / folder).iterdir()):
-            rel = f"{folder}/{child.name}"
-            if not _regular(child) or child.name.endswith(".tmp"):
-                continue
-            if folder == layout.SHARDS_DIR:
-                if rel in listed or rel.removesuffix(layout.SHARD_SUFFIXES["marker"]) in _shard_bases(listed):
-                    names.append(rel)
-            elif layout.RUN.holds(folder, child.name):
-                names.append(rel)
-    return sorted(names)
-
-
-def _regular(path: Path, *, folder: bool = False) -> bool:
-    return not path.is_symlink() and (path.is_dir() if folder else path.is_file())
+    """The files of the run its attestation covers, sorted: the files a run writes (pipeline.core.outdir.Layout.walk:
+    no symlink, no temp file), in shards/ only the `listed` ones and their shards' markers."""
+    bases = _shard_bases(listed)
+    return sorted(e.rel for e in layout.RUN.walk(run_dir) if e.what == "file" and e.rel not in _NOT_SUBJECTS and (
+        e.folder != layout.SHARDS_DIR or e.rel in listed or e.rel.removesuffix(layout.SHARD_SUFFIXES["marker"]) in bases))
 
 
 def _shard_bases(listed: Mapping[str, str]) -> set[str]:

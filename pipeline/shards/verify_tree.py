@@ -13,6 +13,7 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Iterable
 
+from pipeline.core.outdir import Entry
 from pipeline.shards.layout import DIFF_DIR, REJECTS_DIR, RUN, SHARDS_DIR
 
 _WHERE = {REJECTS_DIR: "in rejects/ (capture rejects are shard-NNNNN.parquet)", DIFF_DIR: "in diff/ (the gate's report)"}
@@ -35,54 +36,26 @@ def through_symlink(run_dir: Path, rel: str) -> bool:
     return any((run_dir.joinpath(*parts[:i])).is_symlink() for i in range(1, len(parts) + 1))
 
 
-def _entries(folder: Path) -> list[os.DirEntry]:
-    with os.scandir(folder) as it:
-        return sorted(it, key=lambda e: e.name)
-
-
-def _describe(entry: os.DirEntry, rel: str) -> str | None:
-    """A problem with the entry itself, whatever its name: a symlink, a temp file, a special file."""
-    if entry.is_symlink():
+def _problem(entry: Entry, listed: set[str]) -> str | None:
+    """What is wrong with one entry of the run directory (pipeline.core.outdir.Layout.walk), or None."""
+    rel = entry.rel
+    if entry.what == "symlink":
         return f"symlink {rel} -> {os.readlink(entry.path)} in the run directory: a run's files are regular files in it"
-    if entry.name.endswith(".tmp"):
+    if entry.what == "temp":
         return f"stale temp file {rel}: left by an interrupted write (a finished run has none); remove it"
-    if not entry.is_dir(follow_symlinks=False) and not entry.is_file(follow_symlinks=False):
+    if entry.what == "special":
         return f"{rel} is not a regular file"
+    kind = "directory" if entry.is_dir else "file"
+    if entry.folder == SHARDS_DIR:
+        return f"unlisted {kind} {rel} in shards/" if entry.is_dir or rel not in listed else None
+    if entry.what == "unknown":
+        where = _WHERE.get(entry.folder, "in the run directory")
+        return f"unknown {kind} {rel}{'/' if entry.is_dir else ''} {where}: not a file a run writes"
     return None
-
-
-def _unknown(entry: os.DirEntry, rel: str, where: str) -> str:
-    kind = "directory" if entry.is_dir(follow_symlinks=False) else "file"
-    return f"unknown {kind} {rel}{'/' if kind == 'directory' else ''} {where}: not a file a run writes"
 
 
 def tree_problems(run_dir: Path, listed: Iterable[str]) -> list[str]:
     """Every entry of the run directory a run does not write; `listed` are the shard files the manifest lists (and
     their markers), the only files shards/ may hold."""
     listed = set(listed)
-    problems = []
-    for entry in _entries(run_dir):
-        rel = entry.name
-        problem = _describe(entry, rel)
-        if problem is not None:
-            problems.append(problem)
-        elif entry.is_dir() and entry.name in RUN.dirs:
-            problems += _folder_problems(run_dir, entry, listed)
-        elif not (entry.is_file() and entry.name in RUN.files):
-            problems.append(_unknown(entry, rel, "in the run directory"))
-    return problems
-
-
-def _folder_problems(run_dir: Path, folder: os.DirEntry, listed: set[str]) -> list[str]:
-    problems = []
-    for entry in _entries(Path(folder.path)):
-        rel = f"{folder.name}/{entry.name}"
-        problem = _describe(entry, rel)
-        if problem is not None:
-            problems.append(problem)
-        elif folder.name == SHARDS_DIR:
-            if entry.is_dir() or rel not in listed:
-                problems.append(f"unlisted {'directory' if entry.is_dir() else 'file'} {rel} in shards/")
-        elif entry.is_dir() or not RUN.holds(folder.name, entry.name):
-            problems.append(_unknown(entry, rel, _WHERE[folder.name]))
-    return problems
+    return [problem for entry in RUN.walk(run_dir) if (problem := _problem(entry, listed)) is not None]

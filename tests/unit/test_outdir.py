@@ -22,13 +22,17 @@ DEMO = Layout(kind="demo", files=("done.json", "start.json"), dirs={"parts": (r"
 
 
 def test_a_layout_names_what_it_owns_and_nothing_else(tmp_path):
-    for name in ("done.json", "start.json", ".lock", "parts", ".done.json.a1b2.tmp"):
+    for name in ("done.json", "start.json", ".lock", ".done.json.a1b2.tmp"):
         (tmp_path / name).touch()
+    (tmp_path / "parts").mkdir()
     (tmp_path / "notes.txt").touch()
     (tmp_path / ".other.tmp").touch()  # a temp file, but of no name this layout writes
     assert DEMO.foreign(tmp_path) == [".other.tmp", "notes.txt"]
     assert DEMO.holds("parts", "part-7.bin") and not DEMO.holds("parts", "part-7.bin.bak")
     assert not DEMO.is_done(tmp_path / "missing")
+    (tmp_path / "parts").rmdir()
+    (tmp_path / "parts").touch()  # a file where the layout keeps a folder is not the layout's
+    assert DEMO.foreign(tmp_path) == [".other.tmp", "notes.txt", "parts"]
 
 
 def test_what_an_owned_folder_holds_is_checked_too(tmp_path):
