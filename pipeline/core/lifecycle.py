@@ -17,9 +17,10 @@ directory unless this process was given overwrite.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable, Iterator, Literal
 
 from pipeline.core.claim import DirClaim
 from pipeline.core.claim import check_lease as claim_check
@@ -164,3 +165,32 @@ def check_lease(out: Path, token: str | None, kind: DirKind) -> None:
     """ClaimLost unless the directory's lease still carries `token` (None: no lease in use)."""
     claim_check(Path(out) / str(kind.layout.lock), token, what=kind.name(out),
                 then="stopped before finishing another unit")
+
+
+@dataclass
+class Held:
+    """An output directory claimed for one job (`held`): what `inspect` decided, the lease token its writers check,
+    `prepare` once the job may write, and `finish` that writes the completing file only while the lease is still
+    this job's."""
+
+    out: Path
+    record: dict
+    plan: Plan
+    token: str | None
+    kind: DirKind
+
+    def prepare(self) -> None:
+        prepare(self.out, self.record, self.plan, self.kind)
+
+    def finish(self, write: Callable[[], None]) -> None:
+        check_lease(self.out, self.token, self.kind)  # still this job's directory: only then may it be finished
+        write()
+
+
+@contextmanager
+def held(out: Path, record: dict, *, kind: DirKind, wait: bool, overwrite: bool) -> Iterator[Held]:
+    """The one sequence of every job that fills a directory: claim it, decide what it holds (refused here, before
+    any engine starts), then the job prepares, writes its units and finishes it, all under the claim."""
+    with claim(out, wait=wait, kind=kind) as lock:
+        yield Held(out=out, record=record, plan=inspect(out, record, overwrite=overwrite, kind=kind),
+                   token=lock.token, kind=kind)

@@ -43,8 +43,6 @@ from pipeline.shards.layout import check_out
 log = logging.getLogger(__name__)
 
 
-# Extract-only keys the recipes carry (one recipe serves both jobs); they do not make another regeneration.
-_NOT_READ = ("gate", "diff")
 DETERMINISM = ("greedy: the same ids on every resume and rerun on the same machine, engine and thread count; "
                "seeded sampling: each turn's seed comes from sampling.seed and the conversation id, so the same "
                "request gets the same seed whatever it is batched with; its ids repeat where the engine honours "
@@ -82,16 +80,9 @@ def _check(cfg: RegenerateConfig) -> tuple[Path, ModelInfo, dict[str, Any], dict
     return out, resolve_model(cfg.model), sampling, origin
 
 
-def _stable(config: dict[str, Any]) -> dict[str, Any]:
-    stable = provenance.stable_config(config)
-    for key in _NOT_READ:
-        stable.pop(key, None)
-    return stable
-
-
 def _start_record(config: dict[str, Any], prompts: Prompts, digests: dict[str, Any]) -> dict[str, Any]:
     """What must not change between an interrupted regeneration and its resumption."""
-    return {"config": _stable(config), "data_digest": prompts.source_digest,
+    return {"config": provenance.stable_config(config), "data_digest": prompts.source_digest,
             "model_config_sha256": digests["config_sha256"], "weights_sha256": digests["weights"]["sha256"],
             "tokenizer_sha256": digests["tokenizer_sha256"], "chat_template_sha256": digests["chat_template_sha256"],
             "remote_code": digests["remote_code"], "code": provenance.code_version()}
@@ -142,7 +133,7 @@ def _manifest(cfg: RegenerateConfig, config: dict[str, Any], model: ModelInfo, d
         "config": config,
     }
     stable = {k: v for k, v in prov.items() if k != "created_utc"}
-    stable["config"] = _stable(config)
+    stable["config"] = provenance.stable_config(config)
     return {
         "kind": rd.KIND, "format_version": rd.REGEN_FORMAT_VERSION,
         "num_records": prompts.num_records, "num_conversations": counts["conversations"],
@@ -184,29 +175,31 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
     executor = executor_for(cfg.runner, cfg.engine, model_path=str(model.path), points=[],
                             num_layers=model.num_layers, trust_remote_code=cfg.model.trust_remote_code, task="generate")
     executor.expect(longest=cfg.data.max_length)  # prompt and answer together
-    with lifecycle.claim(out, wait=cfg.wait_for_lock, kind=rd.REGEN_DIR) as lock:
-        plan = lifecycle.inspect(out, record, overwrite=cfg.overwrite, kind=rd.REGEN_DIR)  # before any engine starts
+    with lifecycle.held(out, record, kind=rd.REGEN_DIR, wait=cfg.wait_for_lock, overwrite=cfg.overwrite) as held:
         if not prompts.conversations:
-            reasons = ", ".join(f"{k}: {v}" for k, v in Counter(r.reason for r in prompts.rejects).most_common())
-            raise NoValidRecords(f"no record of {cfg.data.path} can be regenerated: {len(prompts.rejects)} rejected "
-                                 f"({reasons or 'the file holds no record'}); nothing was written")
+            raise _nothing_to_regenerate(cfg, prompts)
         with executor:
             engine = _engine_record(executor)
-            lifecycle.prepare(out, record, plan, rd.REGEN_DIR)
+            held.prepare()
             write_rejects(out / rd.REJECTS, prompts.rejects)
             size = cfg.runner.max_samples_per_shard
             units = [prompts.conversations[i:i + size] for i in range(0, len(prompts.conversations), size)]
             stage = RegenPlan(model_path=str(model.path), trust_remote_code=cfg.model.trust_remote_code,
                               sampling=sampling, stop_ids=stop_ids, max_length=cfg.data.max_length,
-                              keep_truncated=cfg.sampling.truncated == "keep", lease_token=lock.token)
+                              keep_truncated=cfg.sampling.truncated == "keep", lease_token=held.token)
             generate_started = time.perf_counter()
             results = executor.run(stage, out, units, progress=RunProgress(units, "regenerate", produced=True))
             generate_seconds = time.perf_counter() - generate_started
         manifest = _manifest(cfg, config, model, digests, engine, prompts, results, sampling, origin, stop, out)
-        lifecycle.check_lease(out, lock.token, rd.REGEN_DIR)  # still this job's directory: only then is it finished
-        write_json(out / rd.MANIFEST, manifest)
+        held.finish(lambda: write_json(out / rd.MANIFEST, manifest))
     return RegenSummary(out_dir=out, manifest=manifest, resumed_units=sum(r.skipped for r in results),
                         seconds=time.perf_counter() - started, generate_seconds=generate_seconds)
+
+
+def _nothing_to_regenerate(cfg: RegenerateConfig, prompts: Prompts) -> NoValidRecords:
+    reasons = ", ".join(f"{k}: {v}" for k, v in Counter(r.reason for r in prompts.rejects).most_common())
+    return NoValidRecords(f"no record of {cfg.data.path} can be regenerated: {len(prompts.rejects)} rejected "
+                          f"({reasons or 'the file holds no record'}); nothing was written")
 
 
 def _engine_record(executor: Executor) -> dict[str, Any]:

@@ -140,6 +140,12 @@ def _stage_settings(run: ResolvedRun, lease_token: str | None, prov: dict[str, A
                          lease_token=lease_token, metadata=provenance.compact(prov))
 
 
+def _finish(run: ResolvedRun, manifest: dict[str, Any]) -> None:
+    """The attestation over every file, then the manifest: the run is finished from then on."""
+    attestation.write(run.out_dir, manifest, manifest_text(manifest), key=run.sign_key)
+    write_manifest(run.out_dir, manifest)
+
+
 def run_extract(dcfg: DictConfig) -> RunSummary:
     started = time.perf_counter()
     cfg = to_config(dcfg)
@@ -152,34 +158,29 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
     digests = provenance.model_digests(run.model, chat_template, cfg.model.trust_remote_code)
     check_answers(prepared.regeneration, digests, run.model.path)
     record = _run_record(run, config, prepared, digests)
-    with lifecycle.claim(run.out_dir, wait=cfg.wait_for_lock, kind=RUN_DIR) as lock:
-        # refused here, before any engine starts
-        plan = lifecycle.inspect(run.out_dir, record, overwrite=cfg.overwrite, kind=RUN_DIR)
+    with lifecycle.held(run.out_dir, record, kind=RUN_DIR, wait=cfg.wait_for_lock, overwrite=cfg.overwrite) as held:
         if not prepared.samples:
-            raise _no_valid_records(run, prepared, plan)
+            raise _no_valid_records(run, prepared, held.plan)
         gate.probe_references(prepared.samples, executor)  # the reference engines: started, probed, closed
         executor.expect(prepared.samples)  # engines may size their caches from the longest sample
         with executor:  # the primary starts once: the gate probes it, then it captures the run
             outcome = gate.check(executor)  # may stop the run: no shard yet
-            lifecycle.prepare(run.out_dir, record, plan, RUN_DIR)
+            held.prepare()
             write_rejects(run.out_dir / PREPARE_REJECTS, prepared.rejects)
             units = plan_units(prepared.samples, max_tokens_per_shard=cfg.runner.max_tokens_per_shard,
                                max_samples_per_shard=cfg.runner.max_samples_per_shard)
-            log.info("%s %s: %d units of at most %d tokens", plan, run.out_dir, len(units),
+            log.info("%s %s: %d units of at most %d tokens", held.plan, run.out_dir, len(units),
                      cfg.runner.max_tokens_per_shard)
             executor_info = executor.info()
             prov = provenance.build(model=run.model, digests=digests, engine=executor_info, points=run.points,
                                     config=config, diff=outcome.summary, loss_mask=prepared.loss_mask,
                                     data=_data_record(prepared))
-            settings = _stage_settings(run, lock.token, prov)
+            settings = _stage_settings(run, held.token, prov)
             capture_started = time.perf_counter()
             results = executor.run(settings, run.out_dir, units)
             capture_seconds = time.perf_counter() - capture_started
         gate.finish()  # the gate report's HTML, rendered off the capture's critical path, before it is attested
         manifest = _manifest(run, prov, results, prepared)
-        # The directory is still this run's: only then may the attestation and the manifest make it finished.
-        lifecycle.check_lease(run.out_dir, lock.token, RUN_DIR)
-        attestation.write(run.out_dir, manifest, manifest_text(manifest), key=run.sign_key)
-        write_manifest(run.out_dir, manifest)
+        held.finish(lambda: _finish(run, manifest))
     return RunSummary.of(run.out_dir, manifest, results, seconds=time.perf_counter() - started,
                          capture_seconds=capture_seconds, gate=outcome, engine=executor_info)
