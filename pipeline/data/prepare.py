@@ -7,6 +7,7 @@ goes on.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +21,10 @@ from pipeline.core.cli import UsageError
 from pipeline.core.contracts import PreparedSample, Reject
 from pipeline.core.io import atomic_path
 from pipeline.data.bounds import RecordBounds
-from pipeline.data.ids import sample_id_for
 from pipeline.data.mask import ChatTokenizer, MaskOptions
-from pipeline.data.records import RawRecord, iter_records
-from pipeline.data.sources import RecordError, check_readable, file_digest, parse_record
+from pipeline.data.reading import Source, read_each, source_of
+from pipeline.data.records import RawRecord
+from pipeline.data.sources import RecordError, parse_record
 
 LengthPolicy = Literal["truncate", "reject"]
 LENGTH_POLICIES = ("truncate", "reject")
@@ -67,15 +68,11 @@ def prepare(
 ) -> PreparedData:
     """Tokenize every record of `path`; stop once `limit` samples are accepted (rejects do not count)."""
     _check_options(max_length, length_policy, limit)
-    path = Path(path)
-    check_readable(path)
+    source = source_of(path, tokenizer, max_length)
     chat = ChatTokenizer(tokenizer, mask)
-    bounds = RecordBounds.of(tokenizer, max_length)
-    data = PreparedData(source=path.name, source_digest=file_digest(path), loss_mask=chat.record())
-    for record in iter_records(path, max_record_bytes=bounds.max_record_bytes):
-        if limit is not None and len(data.samples) >= limit:
-            break
-        result = _prepare_record(record, data, chat, bounds, length_policy)
+    data = PreparedData(source=source.name, source_digest=source.digest, loss_mask=chat.record())
+    keep = functools.partial(_prepare_record, source=source, chat=chat, length_policy=length_policy)
+    for result in read_each(source, keep, limit=limit):
         (data.samples if isinstance(result, PreparedSample) else data.rejects).append(result)
     return data
 
@@ -89,22 +86,15 @@ def _check_options(max_length: int, length_policy: str, limit: int | None) -> No
         raise ValueError(f"limit must be None or a non-negative integer, got {limit!r}")
 
 
-def _prepare_record(
-    record: RawRecord, data: PreparedData, chat: ChatTokenizer, bounds: RecordBounds, length_policy: str
-) -> PreparedSample | Reject:
-    sample_id = sample_id_for(data.source_digest, record.row)
-    try:
-        if record.error is not None:
-            detail = f"{record.error} ({bounds.why()})" if record.reason == "too_long" else record.error
-            raise RecordError(record.reason, detail)
-        input_ids, loss_mask, cut = _tokenize(chat, parse_record(record.value), bounds, length_policy)
-        input_ids, loss_mask, truncated = _apply_length_policy(input_ids, loss_mask, bounds.max_length, length_policy,
-                                                               cut)
-    except RecordError as e:
-        return Reject(source=data.source, row=record.row, reason=e.reason, detail=e.detail, sample_id=sample_id)
+def _prepare_record(record: RawRecord, sample_id: str, *, source: Source, chat: ChatTokenizer,
+                    length_policy: str) -> PreparedSample:
+    """One record as a sample; RecordError when it cannot be one."""
+    input_ids, loss_mask, cut = _tokenize(chat, parse_record(record.value), source.bounds, length_policy)
+    input_ids, loss_mask, truncated = _apply_length_policy(input_ids, loss_mask, source.bounds.max_length,
+                                                           length_policy, cut)
     return PreparedSample(
         sample_id=sample_id,
-        source=data.source,
+        source=source.name,
         row=record.row,
         input_ids_T=np.asarray(input_ids, dtype=np.int64),
         loss_mask_T=np.asarray(loss_mask, dtype=np.uint8),
