@@ -54,8 +54,9 @@ def engine_names() -> list[str]:
     return sorted(n for n in _REGISTRY if n not in _MEASURING)
 
 
-def check_name(name: str, *, measuring: bool = False) -> None:
-    if name in _MEASURING and not measuring:
+def check_name(name: str, *, allow_measuring: bool = False) -> None:
+    """ValueError unless `name` is a registered engine; a measuring one (accept's) only with `allow_measuring`."""
+    if name in _MEASURING and not allow_measuring:
         raise ValueError(f"engine={name!r} measures acceptance (python -m pipeline.accept); it captures and "
                          f"generates nothing; known engines: {', '.join(engine_names())}")
     if name not in _REGISTRY:
@@ -68,13 +69,13 @@ def _load(target: str) -> type:
 
 
 def engine_class(name: str) -> type[Engine]:
-    check_name(name, measuring=True)
+    check_name(name, allow_measuring=True)
     return _load(_REGISTRY[name])
 
 
 def options_class(name: str) -> type[EngineOptions]:
     """The engine's options class; a built-in engine's is read without importing its adapter."""
-    check_name(name, measuring=True)
+    check_name(name, allow_measuring=True)
     if name in _OPTIONS:
         return _load(_OPTIONS[name])
     return engine_class(name).options_type or EngineOptions

@@ -22,7 +22,7 @@ def lint(cwd: Path) -> subprocess.CompletedProcess:
 def test_the_import_contracts_hold():
     done = lint(REPO)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "7 kept, 0 broken" in done.stdout
+    assert "8 kept, 0 broken" in done.stdout
 
 
 def test_an_upward_import_breaks_the_layers(tmp_path):
@@ -44,3 +44,15 @@ def test_an_executor_reading_shards_breaks_its_contract(tmp_path):
     done = lint(tmp_path)
     assert done.returncode == 1
     assert "The executors know nothing of shards BROKEN" in done.stdout, done.stdout[-3000:]
+
+
+def test_reaching_into_the_regeneration_directorys_layout_breaks_its_contract(tmp_path):
+    """The regeneration directory's layout is the package's (pipeline.data.regeneration): a module importing it
+    directly is refused."""
+    shutil.copytree(REPO / "pipeline", tmp_path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    stage = tmp_path / "pipeline" / "regen" / "stage.py"
+    stage.write_text(stage.read_text() + "\nfrom pipeline.data.regeneration.layout import LAYOUT  # noqa: E402,F401\n")
+    done = lint(tmp_path)
+    assert done.returncode == 1
+    assert "The regeneration package owns its directory BROKEN" in done.stdout, done.stdout[-3000:]
