@@ -23,7 +23,7 @@ from pipeline.shards.storage import of_manifest
 
 SIDECAR = "export.json"
 PLAN = ".export-plan.json"
-SIDECAR_VERSION = "1"
+SIDECAR_VERSION = "2"  # 2: run_attestation.claimed_keyids (1: signed_by, the same unchecked keyids)
 PLAN_KEYS = ("format", "trainer", "run_manifest_sha256", "run_provenance_digest", "slots", "last_unnormed",
              "draft_vocab")  # what `plan_record` may hold, optional ones last
 
@@ -55,8 +55,8 @@ def build(run_dir: Path, manifest: Mapping[str, Any], layout: TrainerLayout, pla
               "run_point_index": idx} for i, (p, idx) in enumerate(zip(plan.points, plan.indices))]
     return {
         "sidecar_version": SIDECAR_VERSION, **record, "plan_sha256": sha256_json(record),
-        # the run's attestation (sha256 of the file and of its statement, the keyids that signed it); None: the run
-        # has none (format 1 and 2). `python -m pipeline.verify RUN --key PUB` proves the run it names.
+        # the run's attestation (sha256 of the file and of its statement, the keyids its signatures claim, unchecked);
+        # None: the run has none (format 1 and 2). `python -m pipeline.verify RUN --key PUB` proves the run it names.
         "run_attestation": attestation.record(run_dir),
         "run_dir": str(Path(run_dir).resolve()), "run_points": manifest["points"], "dtype": storage.capture_dtype,
         "hidden_size": manifest["hidden_size"], "num_samples": manifest["num_samples"],
@@ -83,7 +83,9 @@ def _plan_v1(sidecar: Mapping[str, Any]) -> dict:
     return plan
 
 
-PLAN_READERS = {"1": _plan_v1}  # one reader per sidecar version: an export written by any of them is found complete
+# One reader per sidecar version: an export written by any of them is found complete. Version 2 renamed only
+# run_attestation's `signed_by` (keyids nobody had checked) to `claimed_keyids`; its plan reads as version 1's.
+PLAN_READERS = {"1": _plan_v1, "2": _plan_v1}
 
 
 def _finished_record(out: Path) -> dict:

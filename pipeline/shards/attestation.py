@@ -154,17 +154,18 @@ def write(run_dir: Path, manifest: Mapping[str, Any], manifest_text: str,
 
 
 def record(run_dir: Path) -> dict[str, Any] | None:
-    """What an export carries: the attestation's sha256 (the file's), its statement's, and who signed it; None for a
-    run without one (format 1 and 2)."""
+    """What an export carries: the attestation's sha256 (the file's), its statement's, and the keyids its signatures
+    claim (`claimed_keyids`: a label anyone can write; `pipeline.verify RUN --key PUB` is what checks one); None for
+    a run without one (format 1 and 2)."""
     path = Path(run_dir) / NAME
     if not path.is_file():
         return None
     env, problem = _read(path)
     payload, _, problem = _statement(env) if problem is None else (b"", {}, problem)
     if problem:
-        return {"sha256": sha256_file(path), "statement_sha256": None, "signed_by": []}
+        return {"sha256": sha256_file(path), "statement_sha256": None, "claimed_keyids": []}
     return {"sha256": sha256_file(path), "statement_sha256": hashlib.sha256(payload).hexdigest(),
-            "signed_by": sorted({str(s.get("keyid")) for s in env["signatures"] if isinstance(s, dict)})}
+            "claimed_keyids": sorted({str(s.get("keyid")) for s in env["signatures"] if isinstance(s, dict)})}
 
 
 def _read(path: Path) -> tuple[dict[str, Any], str | None]:
@@ -272,7 +273,7 @@ def proof_text(run_dir: Path, key: Ed25519PublicKey | None) -> str:
         return "no attestation (a run of an older format): checksums only"
     if key is not None:
         return f"attestation signed by keyid {keyid(key)[:16]}... (--key): every file is what that key's holder wrote"
-    if found["signed_by"]:
-        return (f"attestation signed by keyid {', '.join(k[:16] + '...' for k in found['signed_by'])}, not checked "
+    if found["claimed_keyids"]:
+        return (f"attestation signed by keyid {', '.join(k[:16] + '...' for k in found['claimed_keyids'])}, not checked "
                 "(pass --key PUB to prove who wrote the run)")
     return "attestation unsigned: its checksums match, which a forger could recompute (sign with sign_key=PATH)"

@@ -151,7 +151,7 @@ def test_the_export_carries_the_runs_attestation_digest(llama_run, tmp_path):
     statement = base64.b64decode(json.loads(envelope)["payload"])
     assert json.loads((out / "export.json").read_text())["run_attestation"] == {
         "sha256": hashlib.sha256(envelope).hexdigest(), "statement_sha256": hashlib.sha256(statement).hexdigest(),
-        "signed_by": []}
+        "claimed_keyids": []}
 
 
 def test_out_holding_another_export_or_other_files_is_refused(llama_run, tmp_path):
@@ -166,7 +166,13 @@ def test_out_holding_another_export_or_other_files_is_refused(llama_run, tmp_pat
     sidecar = json.loads((out / "export.json").read_text())
     (out / "export.json").write_text(json.dumps({**sidecar, "sidecar_version": "9"}))
     error = _one_line_error(export(llama_run, out, "speculators"))
-    assert "sidecar_version '9', which this code does not read (it reads 1)" in error, error
+    assert "sidecar_version '9', which this code does not read (it reads 1, 2)" in error, error
+    # a version 1 export (run_attestation.signed_by) is still found complete
+    v1 = {**sidecar, "sidecar_version": "1", "run_attestation": {
+        **{k: v for k, v in sidecar["run_attestation"].items() if k != "claimed_keyids"}, "signed_by": []}}
+    (out / "export.json").write_text(json.dumps(v1))
+    again = export(llama_run, out, "speculators")
+    assert again.returncode == 0 and "already complete" in again.stdout, again.stderr
 
 
 def test_a_second_export_into_an_out_being_written_is_refused_and_the_first_is_untouched(llama_run, tmp_path):
