@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from tests.helpers import REPO
@@ -217,3 +218,25 @@ def test_verify_names_a_changed_part_and_a_foreign_file(clean, tmp_path):
     assert broken.returncode == 3
     assert "records/part-00001.parquet: sha256 differs from the manifest's" in broken.stderr
     assert "notes.txt: not a file a regeneration writes" in broken.stderr
+
+
+def test_verify_compares_the_conversations_and_end_reasons_with_the_parts(clean, tmp_path):
+    """#35 item 7: the last part gone (its files and its manifest entry), the turn and token totals lowered to match
+    what is left: the manifest still claims four conversations and their end reasons, which the parts do not hold."""
+    out = tmp_path / "regen"
+    shutil.copytree(clean[0], out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    last = manifest["parts"].pop()
+    for name in (last["file"], last["file"].replace(".parquet", ".done.json")):
+        (out / name).unlink()
+    rows = pq.read_table(out / manifest["parts"][0]["file"]).to_pylist()
+    turns = [t for r in rows for t in r["turns"]]
+    manifest.update(num_turns=len(turns), generated_tokens=sum(len(t["output_ids"]) for t in turns),
+                    prompt_tokens=sum(len(t["prompt_ids"]) for t in turns))
+    manifest["truncated"]["kept"] = sum(t["finish_reason"] == "length" for t in turns)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    broken = subprocess.run([sys.executable, "-m", "pipeline.verify", str(out)], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert broken.returncode == 3, broken.stdout + broken.stderr
+    assert "manifest num_conversations=4, the parts hold 2" in broken.stderr, broken.stderr
+    assert "manifest end_reasons=" in broken.stderr, broken.stderr

@@ -89,6 +89,8 @@ def _records_problems(root: Path, manifest: dict) -> tuple[list[str], Counter[st
             problems.append(f"{part['file']}: {len(rows)} conversations, the manifest says {part.get('conversations')}")
         for row in rows:
             where = f"{part['file']} conversation {row['conversation_id']}"
+            counts["num_conversations"] += 1
+            counts[f"end:{row['end_reason']}"] += 1
             if row["record_id"] != sample_id_for(str(data.get("sha256")), row["row"]):
                 problems.append(f"{where}: record_id is not the input's row {row['row']}'s")
             if row["conversation_id"] != rd.conversation_id(row["record_id"], row["sample"]):
@@ -108,13 +110,20 @@ def _records_problems(root: Path, manifest: dict) -> tuple[list[str], Counter[st
 def _totals_problems(root: Path, manifest: dict, counts: Counter[str]) -> list[str]:
     """The manifest's totals against what the parts and the reject files hold."""
     problems = []
-    for key in ("num_turns", "generated_tokens", "prompt_tokens"):
+    for key in ("num_conversations", "num_turns", "generated_tokens", "prompt_tokens"):
         mine = counts["turns" if key == "num_turns" else key]
         if manifest.get(key) != mine:
             problems.append(f"manifest {key}={manifest.get(key)!r}, the parts hold {mine}")
     if (manifest.get("truncated") or {}).get("kept") != counts["kept_truncated"]:
         problems.append(f"manifest truncated.kept={(manifest.get('truncated') or {}).get('kept')!r}, the parts hold "
                         f"{counts['kept_truncated']} turns stopped at max_tokens")
+    ends = {k.removeprefix("end:"): v for k, v in sorted(counts.items()) if k.startswith("end:")}
+    if manifest.get("end_reasons") != ends:
+        problems.append(f"manifest end_reasons={manifest.get('end_reasons')!r}, the parts hold {ends}")
+    n = ((manifest.get("provenance") or {}).get("sampling") or {}).get("n")
+    if isinstance(n, int) and manifest.get("num_conversations") != n * (manifest.get("num_records") or 0):
+        problems.append(f"manifest num_conversations={manifest.get('num_conversations')!r} is not sampling.n={n} "
+                        f"times num_records={manifest.get('num_records')!r}")
     rejects = len(read_rejects(root / rd.REJECTS)) + sum(
         len(read_rejects(p)) for p in sorted((root / rd.RECORDS_DIR).glob("*.rejects.parquet")))
     if (manifest.get("rejects") or {}).get("total") != rejects:
