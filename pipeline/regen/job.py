@@ -191,15 +191,23 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
             results = executor.run(stage, out, units, progress=RunProgress(units, "regenerate", produced=True))
             generate_seconds = time.perf_counter() - generate_started
         manifest = _manifest(cfg, config, model, digests, engine, prompts, results, sampling, origin, stop, out)
+        if not manifest["num_conversations"]:  # never finished: extract would refuse it
+            raise _nothing_to_regenerate(cfg, prompts, manifest)
         held.finish(lambda: write_json(out / rd.MANIFEST, manifest))
     return RegenSummary(out_dir=out, manifest=manifest, resumed_units=sum(r.skipped for r in results),
                         seconds=time.perf_counter() - started, generate_seconds=generate_seconds)
 
 
-def _nothing_to_regenerate(cfg: RegenerateConfig, prompts: Prompts) -> NoValidRecords:
-    reasons = ", ".join(f"{k}: {v}" for k, v in Counter(r.reason for r in prompts.rejects).most_common())
-    return NoValidRecords(f"no record of {cfg.data.path} can be regenerated: {len(prompts.rejects)} rejected "
-                          f"({reasons or 'the file holds no record'}); nothing was written")
+def _nothing_to_regenerate(cfg: RegenerateConfig, prompts: Prompts, manifest: dict | None = None) -> NoValidRecords:
+    """No record read could be regenerated (manifest None: before any engine started), or none gave a conversation
+    (the parts' rejects say why; the directory stays unfinished)."""
+    rejects = (manifest or {}).get("rejects") or {"total": len(prompts.rejects),
+                                                   "by_reason": Counter(r.reason for r in prompts.rejects)}
+    reasons = ", ".join(f"{k}: {v}" for k, v in Counter(rejects["by_reason"]).most_common())
+    where = "nothing was written" if manifest is None else \
+        f"their reasons are in {Path(cfg.out_dir) / rd.RECORDS_DIR}/*.rejects.parquet; the directory is not finished"
+    return NoValidRecords(f"no record of {cfg.data.path} can be regenerated: {rejects['total']} rejected "
+                          f"({reasons or 'the file holds no record'}); {where}")
 
 
 def _engine_record(executor: Executor) -> dict[str, Any]:

@@ -240,3 +240,28 @@ def test_verify_compares_the_conversations_and_end_reasons_with_the_parts(clean,
     assert broken.returncode == 3, broken.stdout + broken.stderr
     assert "manifest num_conversations=4, the parts hold 2" in broken.stderr, broken.stderr
     assert "manifest end_reasons=" in broken.stderr, broken.stderr
+
+
+def test_a_regeneration_without_one_conversation_exits_2_unfinished(tmp_path):
+    """#35 item 15: every record's first prompt over data.max_length (each a part's reject): exit 2 in one line naming
+    the reasons and where they are, no manifest (extract would refuse it); the same rerun says the same."""
+    out = tmp_path / "regen"
+    for _ in range(2):
+        done = regenerate(out, "data.max_length=16")
+        assert done.returncode == 2, said(done)[-2000:]
+        errors = [line for line in said(done).splitlines() if "ERROR" in line]
+        assert len(errors) == 1 and "4 rejected (too_long: 4)" in errors[0] and "rejects.parquet" in errors[0], errors
+        assert "Traceback" not in said(done) and not (out / "manifest.json").exists()
+
+
+def test_conversations_rejected_by_the_stage_leave_a_sound_regeneration(tmp_path):
+    """A record whose first prompt is over data.max_length is a part's reject with its end reason: the others are
+    regenerated and verify counts both (no false problem from the totals checks)."""
+    out = tmp_path / "regen"
+    done = regenerate(out, "data.limit=6", "data.max_length=48")
+    assert done.returncode == 0, said(done)[-2000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["end_reasons"].get("too_long", 0) >= 1 and manifest["num_conversations"] >= 1, manifest
+    sound = subprocess.run([sys.executable, "-m", "pipeline.verify", str(out)], cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+    assert sound.returncode == 0 and sound.stdout.startswith("sound:"), sound.stdout + sound.stderr

@@ -117,15 +117,18 @@ def _totals_problems(root: Path, manifest: dict, counts: Counter[str]) -> list[s
     if (manifest.get("truncated") or {}).get("kept") != counts["kept_truncated"]:
         problems.append(f"manifest truncated.kept={(manifest.get('truncated') or {}).get('kept')!r}, the parts hold "
                         f"{counts['kept_truncated']} turns stopped at max_tokens")
-    ends = {k.removeprefix("end:"): v for k, v in sorted(counts.items()) if k.startswith("end:")}
-    if manifest.get("end_reasons") != ends:
-        problems.append(f"manifest end_reasons={manifest.get('end_reasons')!r}, the parts hold {ends}")
+    stage_rejects = [r for p in sorted((root / rd.RECORDS_DIR).glob("*.rejects.parquet")) for r in read_rejects(p)]
+    # a conversation with no turn (its first prompt too long, ...) is a part's reject with its end reason
+    ends = Counter({k.removeprefix("end:"): v for k, v in counts.items() if k.startswith("end:")})
+    ends.update(r.reason for r in stage_rejects)
+    if manifest.get("end_reasons") != dict(ends):
+        problems.append(f"manifest end_reasons={manifest.get('end_reasons')!r}, the parts hold "
+                        f"{dict(sorted(ends.items()))}")
     n = ((manifest.get("provenance") or {}).get("sampling") or {}).get("n")
-    if isinstance(n, int) and manifest.get("num_conversations") != n * (manifest.get("num_records") or 0):
-        problems.append(f"manifest num_conversations={manifest.get('num_conversations')!r} is not sampling.n={n} "
-                        f"times num_records={manifest.get('num_records')!r}")
-    rejects = len(read_rejects(root / rd.REJECTS)) + sum(
-        len(read_rejects(p)) for p in sorted((root / rd.RECORDS_DIR).glob("*.rejects.parquet")))
+    if isinstance(n, int) and counts["num_conversations"] + len(stage_rejects) != n * (manifest.get("num_records") or 0):
+        problems.append(f"the parts hold {counts['num_conversations']} conversations and {len(stage_rejects)} rejected "
+                        f"ones, not sampling.n={n} times num_records={manifest.get('num_records')!r}")
+    rejects = len(read_rejects(root / rd.REJECTS)) + len(stage_rejects)
     if (manifest.get("rejects") or {}).get("total") != rejects:
         problems.append(f"manifest rejects.total={(manifest.get('rejects') or {}).get('total')!r}, the reject files "
                         f"hold {rejects}")
