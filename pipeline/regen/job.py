@@ -32,6 +32,7 @@ from pipeline.data.prepare import NoValidRecords, write_rejects
 from pipeline.data.remote_code import RemoteCodeError, load_tokenizer
 from pipeline.engines.registry import check_name, check_options
 from pipeline.models.info import ModelInfo
+from pipeline.regen.conversation import Conversation
 from pipeline.regen.prompts import Prompts, read_prompts
 from pipeline.regen.sampling import stop_token_ids
 from pipeline.regen.stage import RegenPlan, RegenResult
@@ -182,8 +183,7 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
             engine = _engine_record(executor)
             held.prepare()
             write_rejects(out / rd.REJECTS, prompts.rejects)
-            size = cfg.runner.max_samples_per_shard
-            units = [prompts.conversations[i:i + size] for i in range(0, len(prompts.conversations), size)]
+            units = _units(prompts, cfg.runner.max_samples_per_shard)
             stage = RegenPlan(model_path=str(model.path), trust_remote_code=cfg.model.trust_remote_code,
                               sampling=sampling, stop_ids=stop_ids, max_length=cfg.data.max_length,
                               keep_truncated=cfg.sampling.truncated == "keep", lease_token=held.token)
@@ -196,6 +196,10 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
         held.finish(lambda: write_json(out / rd.MANIFEST, manifest))
     return RegenSummary(out_dir=out, manifest=manifest, resumed_units=sum(r.skipped for r in results),
                         seconds=time.perf_counter() - started, generate_seconds=generate_seconds)
+
+
+def _units(prompts: Prompts, size: int) -> list[list[Conversation]]:
+    return [prompts.conversations[i:i + size] for i in range(0, len(prompts.conversations), size)]
 
 
 def _nothing_to_regenerate(cfg: RegenerateConfig, prompts: Prompts, manifest: dict | None = None) -> NoValidRecords:
