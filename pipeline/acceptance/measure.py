@@ -60,21 +60,38 @@ def _target_dir(target: Path | None, run: Path | None, export: Path | None) -> P
     return Path(found)
 
 
-def _prompts(path: Path, model_dir: Path) -> tuple[list[list[int]], int]:
+def _prompt_room(model_dir: Path, s: Settings) -> int:
+    """The most prompt tokens the served length holds: the target's positions less the answer and the drafts."""
+    positions = text_config(json.loads((model_dir / "config.json").read_text())).get("max_position_embeddings")
+    room = (positions or 1 << 20) - s.max_tokens - s.num_speculative_tokens - 1
+    if room < 1:
+        raise UsageError(f"--max-tokens {s.max_tokens}: leaves no room for a prompt in the target's {positions} "
+                         "positions")
+    return room
+
+
+def _prompts(path: Path, model_dir: Path, s: Settings) -> tuple[list[list[int]], int]:
     """Each record's first prompt (the messages before its first assistant turn), in the target's chat template with
-    the generation prompt; (token ids, rejected records)."""
+    the generation prompt; (token ids, rejected records). A record too long for the served length is rejected, and
+    one far too long is never read whole (the record bound of data/bounds.py)."""
     tokenizer = load_tokenizer(str(model_dir), False)
-    got = read_prompts(path, tokenizer, max_length=1 << 20, limit=None, n=1, seed=0)
-    ids = []
+    room = _prompt_room(model_dir, s)
+    got = read_prompts(path, tokenizer, max_length=room, limit=None, n=1, seed=0)
+    ids, rejected = [], len(got.rejects)
     for c in got.conversations:
         messages = list(c.messages)
         first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
         if first == 0:
             raise UsageError(f"--prompts {path}: row {c.row} opens with an assistant turn, no prompt before it")
-        ids.append(encode_chat(tokenizer, messages[:first], True, c.tools))
+        prompt = encode_chat(tokenizer, messages[:first], True, c.tools)
+        if len(prompt) > room:
+            rejected += 1
+            continue
+        ids.append(prompt)
     if not ids:
-        raise UsageError(f"--prompts {path}: no chat record to prompt with ({len(got.rejects)} rejected)")
-    return ids, len(got.rejects)
+        raise UsageError(f"--prompts {path}: no chat record to prompt with ({rejected} rejected; a prompt may hold at "
+                         f"most {room} tokens here)")
+    return ids, rejected
 
 
 def _doctor(draft: Path, model_dir: Path, run: Path | None, export: Path | None) -> Doctor:
@@ -125,7 +142,7 @@ def prepare(drafts: Sequence[Path], *, target: Path | None, run: Path | None, ex
     report_dir.check(out, overwrite=overwrite)
     model_dir = _target_dir(target, run, export)
     doctors = [_doctor(d, model_dir, run, export) for d in drafts]  # every draft read before any engine starts
-    ids, rejected = _prompts(prompts, model_dir)
+    ids, rejected = _prompts(prompts, model_dir, settings)
     return Plan(model_dir=model_dir, doctors=doctors, prompt_ids=ids, rejected=rejected)
 
 
