@@ -57,7 +57,8 @@ def probe_data(cfg: DiffJobConfig, model: ModelInfo, probe: ProbeConfig) -> tupl
         tokenizer = load_tokenizer(model.path, cfg.model.trust_remote_code)
     except RemoteCodeError as e:  # declared code the setting keeps from running, and no built-in class reads it
         raise ConfigError(str(e)) from e
-    data = load_samples(cfg.data.path, tokenizer, cfg.data, limit=probe.num_samples, error=ConfigError)
+    data = load_samples(cfg.data.path, tokenizer, cfg.data, limit=probe.num_samples, vocab_size=model.vocab_size,
+                        error=ConfigError)
     answers = None
     if data.regeneration:
         a = data.regeneration["engine"]

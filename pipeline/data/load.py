@@ -11,12 +11,13 @@ from pipeline.data.prepare import PreparedData, prepare
 from pipeline.data.regeneration import answers_of, is_regeneration, read_regenerated
 
 
-def load_samples(path: str | Path, tokenizer: Any, data: Any, *, limit: int | None,
+def load_samples(path: str | Path, tokenizer: Any, data: Any, *, limit: int | None, vocab_size: int | None = None,
                  error: type[Exception] = ValueError) -> PreparedData:
-    """`data`: the job's data config (max_length, length_policy, train_think_tags, ...); `limit`: samples kept."""
+    """`data`: the job's data config (max_length, length_policy, train_think_tags, ...); `limit`: samples kept;
+    `vocab_size`: the target's, which every generated id of a regeneration must be below."""
     if is_regeneration(Path(path)):
         return answers_of(read_regenerated(Path(path), tokenizer, max_length=data.max_length,
-                                           length_policy=data.length_policy, limit=limit,
+                                           length_policy=data.length_policy, limit=limit, vocab_size=vocab_size,
                                            train_think_tags=data.train_think_tags, error=error))
     return prepare(path, tokenizer, max_length=data.max_length, length_policy=data.length_policy, limit=limit,
                    mask=MaskOptions.of(data))

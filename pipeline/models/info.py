@@ -19,6 +19,7 @@ class ModelInfo:
     hidden_size: int
     torch_dtype: str
     quantization: dict[str, Any] | None
+    vocab_size: int | None = None  # the embedding table's rows: every token id is below it
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -55,4 +56,5 @@ def read_model_info(path: str | Path) -> ModelInfo:
         hidden_size=typed.int("hidden_size", minimum=1),
         torch_dtype=str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "float32"),
         quantization=dict(quantization.value) if quantization is not None and quantization.value else None,
+        vocab_size=typed.int("vocab_size", optional=True, minimum=1),
     )

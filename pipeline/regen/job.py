@@ -124,7 +124,7 @@ def _manifest(cfg: RegenerateConfig, config: dict[str, Any], model: ModelInfo, d
         "code": provenance.code_version(),
         "engine": engine,
         "model": {"path": str(model.path), "model_type": model.model_type, "architecture": model.architecture,
-                  "num_layers": model.num_layers, "checkpoint_dtype": model.torch_dtype,
+                  "num_layers": model.num_layers, "vocab_size": model.vocab_size, "checkpoint_dtype": model.torch_dtype,
                   "quantization_config": model.quantization, **digests},
         "data": {"source": prompts.source, "sha256": prompts.source_digest},
         "sampling": {"values": sampling, "from": origin, "seed": cfg.sampling.seed, "n": cfg.sampling.n,

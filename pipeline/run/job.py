@@ -68,7 +68,8 @@ def _prepare(run: ResolvedRun) -> tuple[PreparedData, str | None]:
         raise ConfigError(str(e)) from e
     data = run.cfg.data
     try:
-        prepared = load_samples(run.data_path, tokenizer, data, limit=data.limit, error=ConfigError)
+        prepared = load_samples(run.data_path, tokenizer, data, limit=data.limit, vocab_size=run.model.vocab_size,
+                                error=ConfigError)
     except (ValueError, UnicodeDecodeError) as e:  # a file that is not what its format says (e.g. malformed JSON)
         raise ConfigError(f"data.path={str(run.data_path)!r}: {e}") from e
     log.info("prepared %d samples (%d tokens) from %s; %d rejected%s", len(prepared.samples),

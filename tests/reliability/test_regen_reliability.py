@@ -10,11 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from tests.helpers import REPO
-from tests.helpers.runs import env_with, wait_for_step
+from tests.helpers.runs import env_with, extract, wait_for_step
 
 pytestmark = pytest.mark.reliability
 
@@ -265,3 +266,44 @@ def test_conversations_rejected_by_the_stage_leave_a_sound_regeneration(tmp_path
     sound = subprocess.run([sys.executable, "-m", "pipeline.verify", str(out)], cwd=REPO, capture_output=True,
                            text=True, timeout=120)
     assert sound.returncode == 0 and sound.stdout.startswith("sound:"), sound.stdout + sound.stderr
+
+
+def _forge_ids(root: Path, part_index: int, ids: list[int]) -> None:
+    """Replace the first turn's generated ids of part `part_index` with `ids`, its checksums recomputed everywhere
+    (part entry, unit marker): what a forger or a broken engine leaves."""
+    import hashlib
+
+    manifest = json.loads((root / "manifest.json").read_text())
+    entry = manifest["parts"][part_index]
+    path = root / entry["file"]
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    rows[0]["turns"][0]["output_ids"] = ids
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path)
+    digest, size = hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_size
+    entry.update(sha256=digest, bytes=size)
+    marker_path = root / entry["file"].replace(".parquet", ".done.json")
+    marker = json.loads(marker_path.read_text())
+    marker["files"][entry["file"]] = {"sha256": digest, "bytes": size}
+    marker_path.write_text(json.dumps(marker))
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_generated_ids_outside_the_vocabulary_are_named_by_verify_and_rejected_by_extract(clean, tmp_path):
+    """#35 item 6: ids 99999 and -1 in two conversations, checksums recomputed: verify names both (exit 3); extract
+    rejects those two conversations (id_out_of_vocabulary) and captures the others, where it died with an IndexError
+    traceback on every rerun."""
+    out = tmp_path / "regen"
+    shutil.copytree(clean[0], out)
+    _forge_ids(out, 0, [99999, 5])
+    _forge_ids(out, 1, [7, -1])
+    broken = subprocess.run([sys.executable, "-m", "pipeline.verify", str(out)], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert broken.returncode == 3, broken.stdout + broken.stderr
+    assert "output_ids holds 99999, no token id of the target" in broken.stderr, broken.stderr
+    assert "output_ids holds -1, no token id of the target" in broken.stderr, broken.stderr
+    run = tmp_path / "run"
+    done = extract(run, "model=tiny_llama", f"data.path={out}", "gate.mode=off")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["num_samples"] == 2 and manifest["rejects"]["by_reason"] == {"id_out_of_vocabulary": 2}, manifest

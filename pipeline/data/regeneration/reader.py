@@ -34,6 +34,11 @@ class RegeneratedData:
     rejects: list[Reject]
 
 
+def outside_vocabulary(ids: list[int], vocab_size: int | None) -> int | None:
+    """The first id that is no token id (negative, or not below `vocab_size` when known), or None."""
+    return next((i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)), None)
+
+
 def generated_mask(output_ids: list[int], turn_ids: TurnIds | None, train_think_tags: bool) -> list[int]:
     """1 on every generated token, but (as for recorded answers, pipeline.data.mask) not on an opening `<think>` nor
     the `</think>` of an empty pair unless train_think_tags."""
@@ -67,7 +72,8 @@ def _drift(chat: ChatTokenizer, turn: dict[str, Any], tools: Any) -> str | None:
 
 
 def read_regenerated(root: Path, tokenizer: Any, *, max_length: int, length_policy: str, limit: int | None,
-                     train_think_tags: bool, error: type[Exception] = ValueError) -> RegeneratedData:
+                     train_think_tags: bool, vocab_size: int | None = None,
+                     error: type[Exception] = ValueError) -> RegeneratedData:
     """One sample per regenerated turn (prompt + answer), in input order; `limit` counts accepted samples."""
     root = Path(root)
     manifest = read_manifest(root, error)
@@ -83,7 +89,7 @@ def read_regenerated(root: Path, tokenizer: Any, *, max_length: int, length_poli
                 break
             sid = sample_id_for(digest, index)
             result = _sample(chat, turn, tools, sid, root.name, index, max_length=max_length,
-                             length_policy=length_policy, train_think_tags=train_think_tags)
+                             length_policy=length_policy, train_think_tags=train_think_tags, vocab_size=vocab_size)
             (samples if isinstance(result, PreparedSample) else rejects).append(result)
             index += 1
     loss_mask = {"method": "generated_ids", "train_think_tags": train_think_tags,
@@ -94,11 +100,16 @@ def read_regenerated(root: Path, tokenizer: Any, *, max_length: int, length_poli
 
 
 def _sample(chat: ChatTokenizer, turn: dict[str, Any], tools: Any, sid: str, source: str, index: int, *,
-            max_length: int, length_policy: str, train_think_tags: bool) -> PreparedSample | Reject:
+            max_length: int, length_policy: str, train_think_tags: bool,
+            vocab_size: int | None) -> PreparedSample | Reject:
     try:
         if (why := _drift(chat, turn, tools)) is not None:
             raise RecordError("template_drift", why)
         prompt, output = list(turn["prompt_ids"]), list(turn["output_ids"])
+        if (bad := outside_vocabulary(output, vocab_size)) is not None:
+            raise RecordError("id_out_of_vocabulary", f"generated id {bad} is not a token id of the target "
+                                                      f"(0..{(vocab_size or 0) - 1})" if vocab_size else
+                              f"generated id {bad} is negative")
         ids = prompt + output
         mask = [0] * len(prompt) + generated_mask(output, chat.turn_ids, train_think_tags)
         if len(ids) > max_length and length_policy == "reject":

@@ -18,6 +18,7 @@ from pipeline.core.contracts import FINISH_REASONS
 from pipeline.core.io import sha256_file
 from pipeline.core.outdir import read_marker
 from pipeline.data.regeneration import layout as rd
+from pipeline.data.regeneration.reader import outside_vocabulary
 from pipeline.data.ids import sample_id_for
 from pipeline.data.prepare import read_rejects
 
@@ -41,8 +42,13 @@ def _part_problems(root: Path, index: int, part: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _turn_problems(where: str, turn: dict[str, Any], stop: set[int], max_tokens: int, max_length: int) -> list[str]:
+def _turn_problems(where: str, turn: dict[str, Any], stop: set[int], max_tokens: int, max_length: int,
+                   vocab_size: int | None) -> list[str]:
     out, reason = turn["output_ids"], turn["finish_reason"]
+    for name in ("prompt_ids", "output_ids"):
+        if (bad := outside_vocabulary(turn[name], vocab_size)) is not None:
+            return [f"{where}: {name} holds {bad}, no token id of the target"
+                    + (f" (0..{vocab_size - 1})" if vocab_size else "")]
     if reason not in FINISH_REASONS:
         return [f"{where}: finish_reason {reason!r} is not one of {FINISH_REASONS}"]
     if not out:
@@ -72,6 +78,8 @@ def _records_problems(root: Path, manifest: dict) -> tuple[list[str], Counter[st
     stop = set((sampling.get("stop_token_ids") or {}).get("ids") or [])
     max_tokens = int((sampling.get("values") or {}).get("max_tokens") or 0)
     max_length = int(((prov.get("config") or {}).get("data") or {}).get("max_length") or 0)
+    vocab_size = (prov.get("model") or {}).get("vocab_size")  # absent from earlier regenerations: ids >= 0 checked
+    vocab_size = vocab_size if isinstance(vocab_size, int) and vocab_size > 0 else None
     problems: list[str] = []
     counts: Counter[str] = Counter()
     last = (-1, -1)
@@ -99,7 +107,8 @@ def _records_problems(root: Path, manifest: dict) -> tuple[list[str], Counter[st
                 problems.append(f"{where}: out of input order (row {row['row']}, sample {row['sample']})")
             last = (row["row"], row["sample"])
             for turn in row["turns"]:
-                problems += _turn_problems(f"{where} turn {turn['turn']}", turn, stop, max_tokens, max_length)
+                problems += _turn_problems(f"{where} turn {turn['turn']}", turn, stop, max_tokens, max_length,
+                                           vocab_size)
                 counts["turns"] += 1
                 counts["generated_tokens"] += len(turn["output_ids"])
                 counts["prompt_tokens"] += len(turn["prompt_ids"])
@@ -125,7 +134,8 @@ def _totals_problems(root: Path, manifest: dict, counts: Counter[str]) -> list[s
         problems.append(f"manifest end_reasons={manifest.get('end_reasons')!r}, the parts hold "
                         f"{dict(sorted(ends.items()))}")
     n = ((manifest.get("provenance") or {}).get("sampling") or {}).get("n")
-    if isinstance(n, int) and counts["num_conversations"] + len(stage_rejects) != n * (manifest.get("num_records") or 0):
+    records = manifest.get("num_records") or 0
+    if isinstance(n, int) and counts["num_conversations"] + len(stage_rejects) != n * records:
         problems.append(f"the parts hold {counts['num_conversations']} conversations and {len(stage_rejects)} rejected "
                         f"ones, not sampling.n={n} times num_records={manifest.get('num_records')!r}")
     rejects = len(read_rejects(root / rd.REJECTS)) + len(stage_rejects)
