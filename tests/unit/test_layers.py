@@ -25,23 +25,24 @@ def test_the_import_contracts_hold():
     assert "8 kept, 0 broken" in done.stdout
 
 
-def test_an_upward_import_breaks_the_layers(tmp_path):
+def planted(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProcess:
+    """import-linter on a copy of the package with `line` appended to `module` (a path under pipeline/)."""
     shutil.copytree(REPO / "pipeline", tmp_path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", tmp_path)
-    points = tmp_path / "pipeline" / "points.py"
-    points.write_text(points.read_text() + "\n\ndef _upward():\n    from pipeline.run import job  # noqa: F401\n")
-    done = lint(tmp_path)
+    path = tmp_path / "pipeline" / module
+    path.write_text(path.read_text() + line)
+    return lint(tmp_path)
+
+
+def test_an_upward_import_breaks_the_layers(tmp_path):
+    done = planted(tmp_path, "points.py", "\n\ndef _upward():\n    from pipeline.run import job  # noqa: F401\n")
     assert done.returncode == 1
     assert "BROKEN" in done.stdout and "pipeline.points -> pipeline.run.job" in done.stdout
 
 
 def test_an_executor_reading_shards_breaks_its_contract(tmp_path):
     """The executor runs any stage through pipeline.run.contract: a shard import in it is refused."""
-    shutil.copytree(REPO / "pipeline", tmp_path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "pyproject.toml", tmp_path)
-    executor = tmp_path / "pipeline" / "run" / "executor.py"
-    executor.write_text(executor.read_text() + "\nfrom pipeline.shards import layout  # noqa: E402,F401\n")
-    done = lint(tmp_path)
+    done = planted(tmp_path, "run/executor.py", "\nfrom pipeline.shards import layout  # noqa: E402,F401\n")
     assert done.returncode == 1
     assert "The executors know nothing of shards BROKEN" in done.stdout, done.stdout[-3000:]
 
@@ -49,10 +50,7 @@ def test_an_executor_reading_shards_breaks_its_contract(tmp_path):
 def test_reaching_into_the_regeneration_directorys_layout_breaks_its_contract(tmp_path):
     """The regeneration directory's layout is the package's (pipeline.data.regeneration): a module importing it
     directly is refused."""
-    shutil.copytree(REPO / "pipeline", tmp_path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "pyproject.toml", tmp_path)
-    stage = tmp_path / "pipeline" / "regen" / "stage.py"
-    stage.write_text(stage.read_text() + "\nfrom pipeline.data.regeneration.layout import LAYOUT  # noqa: E402,F401\n")
-    done = lint(tmp_path)
+    done = planted(tmp_path, "regen/stage.py",
+                   "\nfrom pipeline.data.regeneration.layout import LAYOUT  # noqa: E402,F401\n")
     assert done.returncode == 1
     assert "The regeneration package owns its directory BROKEN" in done.stdout, done.stdout[-3000:]
