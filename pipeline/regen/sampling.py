@@ -7,11 +7,11 @@ a resumed or re-batched regeneration asks every turn for the same seed.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline.core.contracts import Sampling
+from pipeline.core.jsonfile import read_fields
 from pipeline.data.mask import TurnIds
 
 
@@ -35,11 +35,8 @@ def stop_token_ids(model_dir: Path, tokenizer: Any, turn_ids: TurnIds | None,
                              f"{vocab} ids, so no turn could stop on it")
         return ids, {"ids": list(ids), "from": "sampling.stop_token_ids"}
     found: dict[int, list[str]] = {}
-    path = Path(model_dir) / "generation_config.json"
-    if path.is_file():
-        eos = json.loads(path.read_text()).get("eos_token_id")
-        for i in (eos if isinstance(eos, list) else [eos] if eos is not None else []):
-            found.setdefault(int(i), []).append("generation_config.json eos_token_id")
+    for i in _generation_eos(Path(model_dir)):
+        found.setdefault(i, []).append("generation_config.json eos_token_id")
     if getattr(tokenizer, "eos_token_id", None) is not None:
         found.setdefault(int(tokenizer.eos_token_id), []).append("tokenizer eos_token")
     if turn_ids is not None:
@@ -49,6 +46,21 @@ def stop_token_ids(model_dir: Path, tokenizer: Any, turn_ids: TurnIds | None,
                          f"or the tokenizer): set sampling.stop_token_ids")
     ids = tuple(sorted(found))
     return ids, {"ids": list(ids), "from": {str(k): v for k, v in sorted(found.items())}}
+
+
+def _generation_eos(model_dir: Path) -> list[int]:
+    """generation_config.json's eos ids, read bounded and typed: ValueError naming the file and the field."""
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return []
+    fields = read_fields(path, ValueError, prefix=f"model.path={str(model_dir)!r}: ")
+    if not isinstance(fields.value.get("eos_token_id"), list):
+        eos = fields.int("eos_token_id", optional=True, minimum=0)
+        return [] if eos is None else [eos]
+    ids = fields.list("eos_token_id", "int")
+    if any(i < 0 for i in ids):
+        raise fields.fail("eos_token_id", f"must hold token ids >= 0, got {ids}")
+    return ids
 
 
 def request_sampling(values: Mapping[str, Any], *, seed: int, max_tokens: int,

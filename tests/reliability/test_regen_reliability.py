@@ -307,3 +307,27 @@ def test_generated_ids_outside_the_vocabulary_are_named_by_verify_and_rejected_b
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["num_samples"] == 2 and manifest["rejects"]["by_reason"] == {"id_out_of_vocabulary": 2}, manifest
+
+
+@pytest.mark.parametrize("text, named", [
+    ("{not json", "generation_config.json"),
+    ("[1, 2]", "holds a JSON array, not an object"),
+    ('{"eos_token_id": "abc"}', "eos_token_id"),
+    ('{"eos_token_id": [2, -1]}', "eos_token_id must hold token ids >= 0"),
+])
+def test_a_malformed_generation_config_is_one_line_naming_it(tmp_path, models_root, tiny_model, text, named):
+    """#35 item 11: the checkpoint's generation_config.json not JSON, not an object, or its eos ids not ids: exit 2
+    in one line naming the file (not data.path), no traceback, before any engine starts."""
+    tiny_model("tiny-llama")
+    model = tmp_path / "model"
+    shutil.copytree(models_root / "tiny-llama", model)
+    (model / "generation_config.json").write_text(text)
+    out = tmp_path / "regen"
+    done = subprocess.run([sys.executable, "-m", "pipeline.regenerate", f"out_dir={out}", f"hydra.run.dir={out}.logs",
+                           f"model.path={model}", "data.limit=2", "sampling.max_tokens=4"], cwd=REPO,
+                          env=env_with(), capture_output=True, text=True, timeout=300)
+    lines = said(done).strip().splitlines()
+    assert done.returncode == 2, said(done)[-2000:]
+    assert "Traceback" not in said(done) and "data.path" not in lines[-1], lines[-1]
+    assert f"model.path={str(model)!r}" in lines[-1] and named in lines[-1], lines[-1]
+    assert not (out / "regen.json").exists()
