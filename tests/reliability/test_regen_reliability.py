@@ -331,3 +331,48 @@ def test_a_malformed_generation_config_is_one_line_naming_it(tmp_path, models_ro
     assert "Traceback" not in said(done) and "data.path" not in lines[-1], lines[-1]
     assert f"model.path={str(model)!r}" in lines[-1] and named in lines[-1], lines[-1]
     assert not (out / "regen.json").exists()
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda m: m.update(parts="x"), "parts must be an array, got 'x'"),
+    (lambda m: m["provenance"].pop("engine"), "provenance.engine is missing (it must be an object)"),
+    (lambda m: m["provenance"]["sampling"]["values"].update(max_tokens="abc"),
+     "provenance.sampling.values.max_tokens must be an integer, got 'abc'"),
+])
+def test_a_wrong_typed_regeneration_manifest_field_is_named_with_exit_2(clean, tmp_path, edit, field):
+    """#35 item 9: verify and extract name the field, exit 2, as they do for a run's manifest (it was a traceback)."""
+    out = tmp_path / "regen"
+    shutil.copytree(clean[0], out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    edit(manifest)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    checked = subprocess.run([sys.executable, "-m", "pipeline.verify", str(out)], cwd=REPO, capture_output=True,
+                             text=True, timeout=120)
+    assert checked.returncode == 2 and "Traceback" not in checked.stderr, checked.stderr
+    assert checked.stderr.strip().splitlines()[-1] == f"error: {out / 'manifest.json'}: {field}", checked.stderr
+    done = extract(tmp_path / "run", "model=tiny_llama", f"data.path={out}")
+    assert done.returncode == 2 and "Traceback" not in said(done), said(done)[-2000:]
+    assert f"{out / 'manifest.json'}: {field}" in said(done), said(done)[-2000:]
+
+
+def test_a_deeply_nested_string_in_a_part_is_that_conversations_reject(clean, tmp_path):
+    """#35 item 9: a turn's `messages` string nesting 5000 deep (checksums recomputed): extract rejects that
+    conversation (malformed_json) and captures the others, where it exited 1 "rerun to resume" every time."""
+    import hashlib
+
+    out = tmp_path / "regen"
+    shutil.copytree(clean[0], out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = manifest["parts"][0]
+    path = out / entry["file"]
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    rows[0]["turns"][0]["messages"] = "[" * 5000 + "]" * 5000
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path)
+    entry.update(sha256=hashlib.sha256(path.read_bytes()).hexdigest(), bytes=path.stat().st_size)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    run = tmp_path / "run"
+    done = extract(run, "model=tiny_llama", f"data.path={out}", "gate.mode=off")
+    assert done.returncode == 0, said(done)[-3000:]
+    captured = json.loads((run / "manifest.json").read_text())
+    assert captured["num_samples"] == 3 and captured["rejects"]["by_reason"] == {"malformed_json": 1}, captured

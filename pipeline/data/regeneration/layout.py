@@ -90,7 +90,36 @@ def read_manifest(root: Path, error: type[Exception] = ValueError) -> dict[str, 
     manifest = jsonfile.read_object(root / MANIFEST, error)
     if manifest.get("kind") != KIND:
         raise error(f"{root / MANIFEST} is not a regeneration's manifest (kind {manifest.get('kind')!r})")
+    _check_fields(jsonfile.Fields(manifest, file=str(root / MANIFEST), error=error))
     return manifest
+
+
+def _check_fields(m: jsonfile.Fields) -> None:
+    """Every field a reader or verify uses, typed: a wrong one is `error` naming the file and the field's path (as a
+    run's manifest's is), never a traceback."""
+    for key in ("num_records", "num_conversations", "num_turns", "prompt_tokens", "generated_tokens"):
+        m.int(key, minimum=0)
+    m.obj("end_reasons")
+    truncated = m.obj("truncated")
+    truncated.int("turns", minimum=0)
+    truncated.int("kept", minimum=0)
+    truncated.str("policy")
+    m.obj("rejects").int("total", minimum=0)
+    for part in m.objects("parts"):
+        part.str("file")
+        part.str("sha256")
+        part.int("bytes", minimum=0)
+        part.int("conversations", minimum=0)
+    prov = m.obj("provenance")
+    for key in ("framework", "framework_version", "dtype"):
+        prov.obj("engine").str(key)
+    prov.obj("model").int("vocab_size", optional=True, minimum=1)
+    prov.obj("data").str("sha256")
+    sampling = prov.obj("sampling")
+    sampling.obj("values").int("max_tokens", minimum=1)
+    sampling.int("n", minimum=1)
+    sampling.obj("stop_token_ids").list("ids", "int")
+    prov.obj("config").obj("data").int("max_length", minimum=1)
 
 
 def manifest_digest(root: Path) -> str:

@@ -9,13 +9,13 @@ token, never captured with ids serving would not produce.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pipeline.core import jsonfile
 from pipeline.core.contracts import PreparedSample, Reject
 from pipeline.data.ids import sample_id_for
 from pipeline.data.mask import ChatTokenizer, TurnIds, encode_chat
@@ -53,9 +53,21 @@ def generated_mask(output_ids: list[int], turn_ids: TurnIds | None, train_think_
     return [0] * start + mask[start:]
 
 
+def _json_or_error(text: str, where: str) -> Any:
+    """A JSON string of a part (a turn's messages, a conversation's tools), bounded in size and depth; a
+    RecordError (that conversation's reject) when it is not one, never a RecursionError that stops the run."""
+    try:
+        return jsonfile.parse(text, ValueError, where=where)
+    except ValueError as e:
+        return RecordError("malformed_json", str(e))
+
+
 def _drift(chat: ChatTokenizer, turn: dict[str, Any], tools: Any) -> str | None:
     """Why the stored prompt is not what the tokenizer renders for the stored messages now, or None."""
-    messages = json.loads(turn["messages"])
+    messages = _json_or_error(turn["messages"], "messages")
+    for value in (messages, tools):
+        if isinstance(value, RecordError):
+            raise value
     try:
         rendered = encode_chat(chat.tokenizer, messages, True, tools)
     except Exception as e:  # noqa: BLE001 - the checkpoint's template on one record: that record's reject
@@ -83,7 +95,7 @@ def read_regenerated(root: Path, tokenizer: Any, *, max_length: int, length_poli
     rejects: list[Reject] = []
     index = 0
     for row in iter_conversations(root, manifest):
-        tools = json.loads(row["tools"]) if row["tools"] else None
+        tools = _json_or_error(row["tools"], "tools") if row["tools"] else None
         for turn in row["turns"]:
             if limit is not None and len(samples) >= limit:
                 break
