@@ -376,3 +376,23 @@ def test_a_deeply_nested_string_in_a_part_is_that_conversations_reject(clean, tm
     assert done.returncode == 0, said(done)[-3000:]
     captured = json.loads((run / "manifest.json").read_text())
     assert captured["num_samples"] == 3 and captured["rejects"]["by_reason"] == {"malformed_json": 1}, captured
+
+
+def test_a_manifest_naming_a_part_outside_the_directory_is_refused_unread(clean, tmp_path):
+    """#35 item 3: a regeneration manifest naming /dev/zero as its part made extract read until memory ran out
+    (verify refused it, extract did not check); now both refuse the field, exit 2, under a 6 GiB address-space cap."""
+    import resource
+
+    out = tmp_path / "regen"
+    shutil.copytree(clean[0], out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["parts"][0]["file"] = "/dev/zero"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    capped = lambda: resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # noqa: E731
+    for cmd in ([sys.executable, "-m", "pipeline.verify", str(out)],
+                [sys.executable, "-m", "pipeline.extract", f"out_dir={tmp_path / 'run'}", "model=tiny_llama",
+                 f"data.path={out}", f"hydra.run.dir={tmp_path / 'logs'}"]):
+        done = subprocess.run(cmd, cwd=REPO, env=env_with(), capture_output=True, text=True, timeout=300,
+                              preexec_fn=capped)
+        assert done.returncode == 2 and "Traceback" not in said(done), said(done)[-2000:]
+        assert "parts[0].file must be 'records/part-00000.parquet', got '/dev/zero'" in said(done), said(done)[-2000:]

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.core import jsonfile
+from pipeline.core.io import sha256_file
 from pipeline.core.lifecycle import DirKind
 from pipeline.core.outdir import Layout
 
@@ -105,8 +106,10 @@ def _check_fields(m: jsonfile.Fields) -> None:
     truncated.int("kept", minimum=0)
     truncated.str("policy")
     m.obj("rejects").int("total", minimum=0)
-    for part in m.objects("parts"):
-        part.str("file")
+    for index, part in enumerate(m.objects("parts")):
+        expected = f"{RECORDS_DIR}/{part_name(index)}.parquet"
+        if part.str("file") != expected:  # never a path outside the directory (/dev/zero, ../x)
+            raise part.fail("file", f"must be {expected!r}, got {part.value['file']!r}")
         part.str("sha256")
         part.int("bytes", minimum=0)
         part.int("conversations", minimum=0)
@@ -124,14 +127,16 @@ def _check_fields(m: jsonfile.Fields) -> None:
 
 def manifest_digest(root: Path) -> str:
     """sha256 of the manifest's bytes: it lists every part's sha256, so it names the regenerated data."""
-    return hashlib.sha256((Path(root) / MANIFEST).read_bytes()).hexdigest()
+    return sha256_file(Path(root) / MANIFEST)
 
 
 def iter_conversations(root: Path, manifest: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Every conversation row, in input order (parts in order, rows in order), each part's sha256 checked first."""
     for part in manifest["parts"]:
         path = Path(root) / part["file"]
-        if hashlib.sha256(path.read_bytes()).hexdigest() != part["sha256"]:
-            raise ValueError(f"{path}: sha256 differs from the regeneration's manifest (the file changed after it "
-                             f"was written); rerun pipeline.regenerate on a fresh directory or restore the file")
+        if path.is_symlink() or not path.is_file() or path.stat().st_size != part["bytes"] \
+                or sha256_file(path) != part["sha256"]:  # streamed: a part is never read whole to be hashed
+            raise ValueError(f"{path}: not the part the regeneration's manifest lists (missing, or another size or "
+                             f"sha256: the file changed after it was written); rerun pipeline.regenerate on a fresh "
+                             f"directory or restore the file")
         yield from pq.read_table(path).to_pylist()
