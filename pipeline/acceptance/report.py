@@ -153,7 +153,8 @@ def draft_result(name: str, served: dict[str, Any], plain: Plain, doctor: Doctor
     overall = fg.total([r.counts for r in rows])
     differing = sum(not r.equals_plain for r in rows)
     return DraftResult(name=name, doctor=doctor, overall=Overall(counts=overall, **_figures(overall)),
-                       tokens_per_s=fg.rate(tokens, seconds), differing=differing, differing_share=differing / len(rows),
+                       tokens_per_s=fg.rate(tokens, seconds), differing=differing,
+                       differing_share=differing / len(rows),
                        prompts=rows, speculative_config=served["info"]["extra"]["speculative_config"])
 
 

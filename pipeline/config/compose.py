@@ -62,12 +62,15 @@ _COMMANDS = {"config": "extract", "diff": "diff", "regenerate": "regenerate"}
 
 def _whose(argv: Sequence[str], config_name: str) -> str:
     """`; gate is extract's, not regenerate's` for the top-level keys another job declares and this one does not."""
-    own = {f.name for f in fields(JOBS[config_name])}
-    keys = dict.fromkeys(a.lstrip("+~").split("=", 1)[0].split(".", 1)[0] for a in argv if not a.startswith("-"))
-    found = [f"{key} is {_COMMANDS[other]}'s" for key in keys if key not in own
-             for other in (n for n, schema in JOBS.items() if n != config_name and key in
-                           {f.name for f in fields(schema)})][:1]
-    return f"; {found[0]}, not {_COMMANDS[config_name]}'s" if found else ""
+    declared = {name: {f.name for f in fields(schema)} for name, schema in JOBS.items()}
+    for arg in argv:
+        key = arg.lstrip("+~").split("=", 1)[0].split(".", 1)[0]
+        if arg.startswith("-") or key in declared[config_name]:
+            continue
+        for other, keys in declared.items():
+            if key in keys:
+                return f"; {key} is {_COMMANDS[other]}'s, not {_COMMANDS[config_name]}'s"
+    return ""
 
 
 def to_config(cfg: DictConfig, schema: type[Job] = ExtractConfig) -> Job:  # type: ignore[assignment]

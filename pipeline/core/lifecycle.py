@@ -1,7 +1,7 @@
 """One lifecycle for every output directory a job fills (a run, a regeneration, an export, an acceptance report):
-what it holds, decided under its lock, and what this job does with it. Each kind is declared once by the code that owns it (`DirKind`: its layout,
-its noun, the job that writes it, what finished means, what a replacement keeps, the error it raises); this module
-knows none of them.
+what it holds, decided under its lock, and what this job does with it. Each kind is declared once by the code that
+owns it (`DirKind`: its layout, its noun, the job that writes it, what finished means, what a replacement keeps, the
+error it raises); this module knows none of them.
 
 - new: nothing of the kind, or only what a job that never started leaves (a gate report, rejects of data without one
   valid record, temp files, a replacement cut short): those leftovers are cleared and the job starts;
@@ -90,8 +90,8 @@ def inspect(out: Path, record: dict, *, overwrite: bool, kind: DirKind) -> Plan:
     if not out.exists():
         return "new"
     foreign = kind.layout.foreign(out)
-    previous = _previous(out, record, kind, overwrite=overwrite)
     finished = kind.is_finished(out)
+    previous = _previous(out, finished, kind, overwrite=overwrite)
     if finished and kind.finished_record is not None and previous == record:
         return "complete"
     if not finished and previous == record:
@@ -105,9 +105,9 @@ def inspect(out: Path, record: dict, *, overwrite: bool, kind: DirKind) -> Plan:
     return "new"
 
 
-def _previous(out: Path, record: dict, kind: DirKind, *, overwrite: bool) -> dict | None:
+def _previous(out: Path, finished: bool, kind: DirKind, *, overwrite: bool) -> dict | None:
     """The record of the work `out` holds: the finished one's for a kind that keeps it, else the start record's."""
-    if kind.finished_record is not None and kind.is_finished(out):
+    if kind.finished_record is not None and finished:
         try:
             return kind.finished_record(out) or {}
         except UsageError as exc:

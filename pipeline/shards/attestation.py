@@ -105,9 +105,9 @@ def pae(payload_type: str, payload: bytes) -> bytes:
 def run_files(run_dir: Path, listed: Mapping[str, str]) -> list[str]:
     """The files of the run its attestation covers, sorted: the files a run writes (pipeline.core.outdir.Layout.walk:
     no symlink, no temp file), in shards/ only the `listed` ones and their shards' markers."""
-    bases = _shard_bases(listed)
+    bases, marker = _shard_bases(listed), layout.SHARD_SUFFIXES["marker"]
     return sorted(e.rel for e in layout.RUN.walk(run_dir) if e.what == "file" and e.rel not in _NOT_SUBJECTS and (
-        e.folder != layout.SHARDS_DIR or e.rel in listed or e.rel.removesuffix(layout.SHARD_SUFFIXES["marker"]) in bases))
+        e.folder != layout.SHARDS_DIR or e.rel in listed or e.rel.removesuffix(marker) in bases))
 
 
 def _shard_bases(listed: Mapping[str, str]) -> set[str]:
@@ -274,6 +274,6 @@ def proof_text(run_dir: Path, key: Ed25519PublicKey | None) -> str:
     if key is not None:
         return f"attestation signed by keyid {keyid(key)[:16]}... (--key): every file is what that key's holder wrote"
     if found["claimed_keyids"]:
-        return (f"attestation signed by keyid {', '.join(k[:16] + '...' for k in found['claimed_keyids'])}, not checked "
-                "(pass --key PUB to prove who wrote the run)")
+        claimed = ", ".join(k[:16] + "..." for k in found["claimed_keyids"])
+        return f"attestation signed by keyid {claimed}, not checked (pass --key PUB to prove who wrote the run)"
     return "attestation unsigned: its checksums match, which a forger could recompute (sign with sign_key=PATH)"
