@@ -99,6 +99,24 @@ def check_lease(lock_path: Path, token: str | None, *, what: str, then: str) -> 
         raise ClaimLost(f"{what} is no longer this run's (its lock is held by {holder}); {then}")
 
 
+def flock_holder(path: Path) -> str | None:
+    """Who holds the flock on `path` when no lease names it (a directory locked on itself): the kernel's own table,
+    /proc/locks, read bounded; None where it cannot tell (not Linux, a lock held on another host)."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks", "rb") as f:
+            table = f.read(1 << 20).decode("ascii", "replace")
+    except OSError:
+        return None
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == where and fields[4].isdigit() \
+                and int(fields[4]) not in (0, os.getpid()):
+            return f"pid {fields[4]} on host {socket.gethostname()}"
+    return None
+
+
 def _default_refusal(root: Path) -> Callable[[str], str]:
     return lambda holder: f"{root} is in use by {holder}"
 
@@ -166,7 +184,7 @@ class DirClaim:
             time.sleep(min(HEARTBEAT_SECONDS, STALE_SECONDS / 4))
 
     def _busy(self, lease: Lease | None) -> None:
-        holder = lease.holder() if lease is not None else "another process"
+        holder = lease.holder() if lease is not None else flock_holder(self.path) or "another process"
         if not self.wait:
             raise self.busy_error(self.refusal(holder))
         log.warning("%s", self.waiting(holder))

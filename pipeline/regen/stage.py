@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
+import os
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +33,9 @@ from pipeline.engines.base import Engine
 from pipeline.regen.conversation import TOO_LONG, Conversation, State, answer_message, make_turn
 from pipeline.regen.sampling import request_sampling, turn_seed
 from pipeline.run.contract import UnitResult
+
+log = logging.getLogger(__name__)
+PROGRESS_ENV = "PIPELINE_PROGRESS_SECONDS"  # how often a unit of work says where it is
 
 
 @functools.lru_cache(maxsize=4)
@@ -104,8 +110,11 @@ class RegenStage:
                                  sampling=sampling), prompt
 
     def compute(self, conversations: Sequence[Conversation]) -> list[State]:
-        """Every conversation advanced to its end; one engine call per round of turns."""
+        """Every conversation advanced to its end; one engine call per round of turns. A unit logs where it is every
+        PIPELINE_PROGRESS_SECONDS (30 s): a record of a thousand turns takes minutes, and its unit's line comes only
+        when the unit ends."""
         states = [State(conversation=c) for c in conversations]
+        every, said, rounds = _progress_every(), time.monotonic(), 0
         while True:
             round_ = []
             for state in states:
@@ -117,6 +126,10 @@ class RegenStage:
                     round_.append((state, *made))
             if not round_:
                 return states
+            if rounds and time.monotonic() - said >= every:
+                log.info("%s", _where(states, rounds))
+                said = time.monotonic()
+            rounds += 1
             generations = self.engine.generate([request for _, request, _ in round_])
             if [g.request_id for g in generations] != [request.request_id for _, request, _ in round_]:
                 raise RuntimeError(f"engine {self.engine.spec.name} returned generations for other requests than "
@@ -156,6 +169,23 @@ class RegenStage:
         check_lease(run_dir, self.plan.lease_token, rd.REGEN_DIR)
         write_marker(paths["marker"], {"index": index, "files": files, "counts": counts})
         return RegenResult(index=index, rejects=rejects, counts=counts, files=files)
+
+
+def _progress_every() -> float:
+    try:
+        return max(0.0, float(os.environ.get(PROGRESS_ENV, "30")))
+    except ValueError:
+        return 30.0
+
+
+def _where(states: Sequence[State], rounds: int) -> str:
+    """One line: how far a unit's conversations are, and the furthest one by name."""
+    going = [s for s in states if not s.done]
+    furthest = max(states, key=lambda s: len(s.turns))
+    tokens = sum(len(t.output_ids) for s in states for t in s.turns)
+    return (f"regenerating {len(states)} conversation(s): {rounds} round(s) of turns, {len(going)} still going, "
+            f"{sum(len(s.turns) for s in states)} turns and {tokens} tokens generated so far; the furthest, "
+            f"{furthest.conversation.conversation_id}, is at turn {len(furthest.turns)}")
 
 
 def _json(value: Any) -> str | None:

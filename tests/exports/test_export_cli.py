@@ -193,6 +193,7 @@ def test_a_second_export_into_an_out_being_written_is_refused_and_the_first_is_u
         assert holder.stdout.readline().strip() == "held"
         error = _one_line_error(export(llama_run, out, "speculators"))
         assert "another export is writing it" in error and str(out) in error
+        assert f"in use by pid {holder.pid} on host" in error  # named from the kernel's lock table: no lock file
         assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # its temp file included
     finally:
         holder.kill()

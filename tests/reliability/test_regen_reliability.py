@@ -396,3 +396,23 @@ def test_a_manifest_naming_a_part_outside_the_directory_is_refused_unread(clean,
                               preexec_fn=capped)
         assert done.returncode == 2 and "Traceback" not in said(done), said(done)[-2000:]
         assert "parts[0].file must be 'records/part-00000.parquet', got '/dev/zero'" in said(done), said(done)[-2000:]
+
+
+def test_a_long_record_says_where_it_is_while_its_unit_runs(tmp_path, models_root):
+    """#35: a record of many turns ran minutes with no line (a unit logs when it ends); now the unit says, at least
+    every PIPELINE_PROGRESS_SECONDS, how many turns are done and which conversation is furthest."""
+    record = {"messages": [m for i in range(6) for m in ({"role": "user", "content": f"question {i}"},
+                                                         {"role": "assistant", "content": f"answer {i}"})]}
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps(record) + "\n")
+    # Every turn ends within a few tokens: any id of the tokenizer stops it, and a near-uniform draw (the random
+    # model's greedy answers repeat one id above the tokenizer's range) gives one of them at 3 tokens in 4.
+    every_id = "[" + ",".join(map(str, range(3047))) + "]"
+    command = regen_cmd(tmp_path / "regen", f"data.path={data}", f"sampling.stop_token_ids={every_id}",
+                        "sampling.max_tokens=64", "sampling.temperature=1000")
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=env_with(PIPELINE_PROGRESS_SECONDS="0"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in said(done).splitlines() if "regenerating 1 conversation(s)" in line]
+    assert len(lines) == 5, said(done)[-3000:]  # before each round after the first: six turns, six rounds
+    assert "5 round(s) of turns, 1 still going, 5 turns" in lines[-1] and "is at turn 5" in lines[-1]
