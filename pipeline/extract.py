@@ -15,10 +15,14 @@ from pipeline.factory import build_step  # noqa: E402
 from pipeline.run.answers import answers_line  # noqa: E402
 from pipeline.run.gate import gate_lines, storage_lines  # noqa: E402
 from pipeline.run.job import count_text, run_extract  # noqa: E402
+from pipeline.run.plan import RunPlan  # noqa: E402
 
 
 def extract(cfg: DictConfig) -> None:
     summary = run_extract(cfg)
+    if isinstance(summary, RunPlan):  # plan=true: nothing started
+        print("\n".join(summary.lines()))
+        return
     print(f"run directory: {summary.out_dir.resolve()}")
     reasons = f"{count_text(summary.rejects_by_reason)}; " if summary.rejects_by_reason else ""
     print(f"wrote {summary.num_samples} samples, {summary.num_tokens} tokens in {summary.num_shards} shard(s) "

@@ -31,10 +31,10 @@ class SamplingConfig:
     recorded per turn and in the manifest."""
 
     temperature: Optional[float] = None  # 0: greedy
-    top_p: Optional[float] = None
+    top_p: Optional[float] = None  # nucleus sampling, (0, 1]; 1: off
     top_k: Optional[int] = None  # 0: off
     max_tokens: Optional[int] = None  # per turn (and at most data.max_length minus the prompt)
-    seed: int = 0
+    seed: int = 0  # each request's seed derives from it and the conversation's id (never the batch order)
     n: int = 1  # samples per prompt: n conversations per record, each continuing its own answers
     stop_token_ids: Optional[list[int]] = None  # null: generation_config.json's eos, the tokenizer's, <|im_end|>
     # A turn stopped at max_tokens ends its conversation; keep: it is written (its ids end where the engine stopped,
@@ -81,6 +81,6 @@ class RegenerateConfig:
     data: DataConfig = MISSING
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    out_dir: str = MISSING
+    out_dir: str = MISSING  # the regeneration directory (extract reads it as data.path)
     overwrite: bool = False  # replace a finished regeneration (never done silently)
-    wait_for_lock: bool = False
+    wait_for_lock: bool = False  # another regenerate holds out_dir: wait for it to finish instead of exiting

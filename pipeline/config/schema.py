@@ -41,7 +41,9 @@ def _choice(choices: type[StrEnum], value: Any, field_name: str) -> StrEnum:
 
 @dataclass(kw_only=True)
 class ModelConfig:
-    name: str = MISSING
+    """The target checkpoint (`model=` chooses a group in conf/model/; `model.path=DIR` alone is `model=local`)."""
+
+    name: str = MISSING  # the model's name in provenance and reports (each model group sets it; model=local: local)
     path: Optional[str] = None  # a local checkpoint directory
     build: Optional[str] = None  # a tiny-model recipe (pipeline.factory): the job builds `path` when it is missing
     points: list[Any] = field(default_factory=list)  # the capture points recommended for this target
@@ -59,14 +61,17 @@ class ModelConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
+    """The conversations: JSONL, JSON or Parquet (compressed or not), or a regeneration directory."""
+
     path: str = MISSING  # JSONL or Parquet of conversations
-    max_length: int = 2048
-    length_policy: str = "truncate"
+    max_length: int = 2048  # tokens per sample, at most
+    length_policy: str = "truncate"  # a longer sample: truncate (counted in the manifest's num_truncated) | reject
     limit: Optional[int] = None  # first N records only
-    # Loss mask (pipeline/data/mask.py): an EAGLE-3 drafter learns what the target generates, so by default neither
-    # the default system turn a template injects nor the <think> / empty <think></think> it writes into assistant
-    # turns (prompt tokens when serving) is trained; these train them too.
-    train_default_system: bool = False
+    # Loss mask (pipeline/data/mask.py): an EAGLE-3 drafter learns what the target generates, so neither is trained
+    # by default.
+    train_default_system: bool = False  # also train the system turn a template injects (the same in every sample)
+    # also train the <think> that opens every assistant body and the empty <think></think> of past turns (prompt
+    # tokens when serving: a drafter never proposes them)
     train_think_tags: bool = False
 
     def __post_init__(self) -> None:
@@ -82,18 +87,19 @@ def check_storage_dtype(value: Optional[str], field_name: str) -> None:
 
 @dataclass(kw_only=True)
 class RunnerConfig:
-    name: str = "local"
+    """How the units of work are run (`runner=local|ray`) and what a shard holds."""
+
+    name: str = "local"  # local (this process) | ray (one actor per engine replica)
     max_tokens_per_shard: int = 65536  # bounds the writer's memory: one shard is held at a time (two if overlapped)
-    max_samples_per_shard: int = 1024
-    storage_dtype: Optional[str] = None  # None = the engine's compute dtype
+    max_samples_per_shard: int = 1024  # a shard (and a unit of work) holds at most this many samples
+    storage_dtype: Optional[str] = None  # float8_e4m3fn (a scale per token and point) | null: as captured
     # Write shard k while the engine captures unit k+1. Pays off when the engine computes on GPUs; an engine computing
     # on the same CPU cores loses more to the contention than the write costs (bench/vllm_throughput.py).
     overlap_writes: bool = False
-    # ray only: the cluster (None = start a local one on 127.0.0.1), replicas and what each one holds
-    address: Optional[str] = None
-    num_replicas: int = 1
-    cpus_per_replica: float = 1.0
-    gpus_per_replica: float = 0.0  # a replica = TP GPUs on GPU clusters
+    address: Optional[str] = None  # ray only: the cluster to join; null starts a local one on 127.0.0.1
+    num_replicas: int = 1  # engine replicas (ray: one actor each; local: must be 1)
+    cpus_per_replica: float = 1.0  # ray only: CPUs Ray reserves per replica (the engine computes with the driver's)
+    gpus_per_replica: float = 0.0  # ray only: GPUs per replica (engine.tp_size on GPU clusters)
     max_retries: int = 2  # per unit, after an actor died (engine crash, OOM, kill); then the run fails
 
     def __post_init__(self) -> None:
@@ -111,6 +117,9 @@ class RunnerConfig:
 
 @dataclass(kw_only=True)
 class CaptureConfig:
+    """Which hidden states every sample keeps, and the numbering they are written in."""
+
+    # what to capture (default: model.points), e.g. [embed,3,31,59,final_norm], in `convention`'s numbering
     points: list[Any] = field(default_factory=list)
     convention: str = "canonical"  # or a framework whose native ids `points` are written in
 
@@ -122,7 +131,7 @@ class CaptureConfig:
 class ProbeConfig:
     """The probe set: the first prepared samples of the data, truncated, run through every engine."""
 
-    num_samples: int = 4
+    num_samples: int = 4  # the first N prepared samples of the data
     max_tokens: int = 256  # per sample (the probe's prefix of each conversation)
     repeats: int = 2  # captures of the same batch; 2 or more measures run-to-run determinism
     alone: int = 2  # probe samples also captured alone (batch-composition dependence); 0 = off
@@ -167,10 +176,10 @@ class RoutingFlipConfig:
     (a warning): bf16 rounding changes near-tied expert choices, and the changed tokens spread through attention.
     """
 
-    enabled: bool = True
-    token_level: float = 0.1
-    max_fraction: float = 0.25
-    bulk_factor: float = 2.0
+    enabled: bool = True  # false: every divergence is judged by the thresholds alone
+    token_level: float = 0.1  # a token's relative L2 above this is a flipped token
+    max_fraction: float = 0.25  # at most this share of tokens flipped at the onset
+    bulk_factor: float = 2.0  # the median token within this many times the dtype's rel_l2
 
 
 @dataclass(kw_only=True)
@@ -190,7 +199,7 @@ class DiffConfig:
     reference: Any = "hf@float32"  # captures every boundary + final_norm (the alignment matrix needs them all)
     points: Any = "all"  # what the compared engines capture: all | capture (= capture.points) | a list
     probe: ProbeConfig = field(default_factory=ProbeConfig)
-    thresholds: dict[str, Thresholds] = field(default_factory=_default_thresholds)
+    thresholds: dict[str, Thresholds] = field(default_factory=_default_thresholds)  # per compute dtype
     routing_flips: RoutingFlipConfig = field(default_factory=RoutingFlipConfig)
     alignment: AlignmentConfig = field(default_factory=AlignmentConfig)
     logits: bool = True  # top-1 / KL through the checkpoint's final norm and LM head
@@ -261,11 +270,14 @@ class ExtractConfig:
     # The comparison the gate runs (diff.reference, the thresholds, alignment, routing flips); diff.engines, probe and
     # html are the diff job's (DiffJobConfig) and unused here.
     diff: DiffConfig = field(default_factory=DiffConfig)
-    out_dir: str = MISSING
+    out_dir: str = MISSING  # the run directory (default runs/<date>-<time>)
     overwrite: bool = False  # replace a finished run directory (never done silently)
     wait_for_lock: bool = False  # another extract holds out_dir: wait for it to finish instead of exiting
     # An Ed25519 private key (PEM) that signs the run's attestation (pipeline.shards.attestation); null: unsigned.
     sign_key: Optional[str] = None
+    plan: bool = False  # print the run's plan (tokens, bytes, free space, engines and memory per GPU), start nothing
+    # refuse, before any engine starts, a run whose shards the file system of out_dir cannot hold (pipeline/run/plan.py)
+    check_space: bool = True
 
 
 @dataclass(kw_only=True)
@@ -280,7 +292,7 @@ class DiffJobConfig:
     # `capture.convention`, as extract reads them; so an extract's capture overrides check the same points here.
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     storage_dtype: Optional[str] = None  # also report what storing the compared states in this dtype costs
-    out_dir: str = MISSING
+    out_dir: str = MISSING  # where report.json, report.md and report.html are written
 
     def __post_init__(self) -> None:
         check_storage_dtype(self.storage_dtype, "storage_dtype")

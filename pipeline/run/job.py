@@ -19,6 +19,7 @@ from pipeline.data.remote_code import RemoteCodeError, load_tokenizer
 from pipeline.run.capture import ShardResult, StageSettings
 from pipeline.run.executors import executor_for
 from pipeline.run.gate import DiffGate, GateOutcome
+from pipeline.run.plan import RunPlan, check_space, make_plan
 from pipeline.run.resolve import ResolvedRun, resolve_run
 from pipeline.core import lifecycle
 from pipeline.shards import attestation
@@ -147,7 +148,7 @@ def _finish(run: ResolvedRun, manifest: dict[str, Any]) -> None:
     write_manifest(run.out_dir, manifest)
 
 
-def run_extract(dcfg: DictConfig) -> RunSummary:
+def run_extract(dcfg: DictConfig) -> RunSummary | RunPlan:
     started = time.perf_counter()
     cfg = to_config(dcfg)
     run = resolve_run(cfg)  # every config error surfaces here, before any model loads
@@ -156,6 +157,11 @@ def run_extract(dcfg: DictConfig) -> RunSummary:
     gate = DiffGate.create(cfg, run.model, run.points, run.out_dir)  # GateOff when gate.mode=off
     config = resolved_dict(dcfg)
     prepared, chat_template = _prepare(run)
+    plan = make_plan(run, prepared.samples)  # before any weight is read or engine started
+    if cfg.plan:
+        return plan
+    if cfg.check_space:
+        check_space(plan)
     digests = provenance.model_digests(run.model, chat_template, cfg.model.trust_remote_code)
     check_answers(prepared.regeneration, digests, run.model.path)
     record = _run_record(run, config, prepared, digests)

@@ -68,12 +68,12 @@ class Storage:
 
     def hidden_specs(self, num_tokens: int, num_points: int, hidden_size: int) -> list[TensorSpec]:
         code = layout.HIDDEN_DTYPES[self.dtype][1]
-        item = _itemsize(layout.HIDDEN_DTYPES[self.dtype][0])
+        item = itemsize(layout.HIDDEN_DTYPES[self.dtype][0])
         specs = [TensorSpec(name=layout.HIDDEN_STATES, dtype_code=code, shape=(num_tokens, num_points, hidden_size),
                             num_bytes=num_tokens * num_points * hidden_size * item)]
         if self.scaled:
             specs.append(TensorSpec(name=layout.HIDDEN_SCALES, dtype_code="F32", shape=(num_tokens, num_points),
-                                    num_bytes=num_tokens * num_points * _itemsize(SCALE_DTYPE)))
+                                    num_bytes=num_tokens * num_points * itemsize(SCALE_DTYPE)))
         return specs
 
     def decode(self, stored_TPH: torch.Tensor, scales_TP: torch.Tensor | None = None) -> torch.Tensor:
@@ -121,7 +121,7 @@ def _add_rounding(sums: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, scal
     sums[1].add_((ref * s2).sum(dim=0))
 
 
-def _itemsize(dtype: torch.dtype) -> int:
+def itemsize(dtype: torch.dtype) -> int:
     return torch.empty(0, dtype=dtype).element_size()
 
 
@@ -230,10 +230,10 @@ def run_record(records: Sequence[Mapping[str, Any]], points: Sequence[str], *, h
         rel = _ratios(err, ref)
     else:
         rel = [0.0] * len(points)
-    row = hidden_size * _itemsize(layout.HIDDEN_DTYPES[storage.dtype][0])
-    row += _itemsize(SCALE_DTYPE) if storage.scaled else 0
+    row = hidden_size * itemsize(layout.HIDDEN_DTYPES[storage.dtype][0])
+    row += itemsize(SCALE_DTYPE) if storage.scaled else 0
     return {**storage.to_dict(), "rounding_rel_l2": dict(zip(points, rel)),
             "hidden_bytes_per_token": row * len(points),
-            "capture_hidden_bytes_per_token": hidden_size * len(points) * _itemsize(
+            "capture_hidden_bytes_per_token": hidden_size * len(points) * itemsize(
                 layout.HIDDEN_DTYPES[storage.capture_dtype][0]),
             "shard_bytes_per_token": shard_bytes / num_tokens if num_tokens else 0.0}

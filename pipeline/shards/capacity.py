@@ -1,0 +1,81 @@
+"""What a run will write, known from the prepared data before any engine starts, against the free space where it goes.
+
+Per token: the hidden states (points x width x the stored dtype; fp8 adds a float32 scale per point), its id (int64)
+and its loss-mask byte. Per sample and per shard, what the Parquet rows, the safetensors headers, the markers and
+the manifest's entries add, measured on the tiny Llama (75 samples in 5 shards at width 256: 2571.06 bytes per token
+on disk against 2560 of states) and rounded up. At Kimi's width the states are all but every byte.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from pipeline.shards.layout import HIDDEN_DTYPES, SHARDS_DIR, shard_paths
+from pipeline.shards.storage import SCALE_DTYPE, itemsize
+
+TOKEN_EXTRA = 8 + 1  # input_ids int64, loss_mask uint8
+SAMPLE_EXTRA = 8 + 384  # its offset; its Parquet row (ids, digests, counts)
+SHARD_EXTRA = 8 << 10  # safetensors header, Parquet footer, .done.json, the manifest's and attestation's entries
+RUN_EXTRA = 256 << 10  # run.json, manifest, attestation, rejects, the gate's report
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capacity:
+    tokens: int  # of the whole run
+    samples: int
+    shards: int
+    tokens_left: int  # in the shards not finished yet
+    shards_left: int
+    state_bytes_per_token: int  # hidden states (and scales) as stored
+    bytes_left: int  # what the unfinished shards will take on disk
+    free_bytes: int | None  # on out_dir's file system (the nearest existing directory's), None when unknown
+
+    @property
+    def bytes_total(self) -> int:
+        return _bytes(self.tokens, self.samples, self.shards, self.state_bytes_per_token)
+
+    @property
+    def fits(self) -> bool:
+        return self.free_bytes is None or self.bytes_left <= self.free_bytes
+
+
+def state_bytes_per_token(num_points: int, hidden_size: int, capture_dtype: str, storage_dtype: str | None) -> int:
+    stored = storage_dtype or capture_dtype
+    row = hidden_size * itemsize(HIDDEN_DTYPES[stored][0])
+    return num_points * (row + (itemsize(SCALE_DTYPE) if storage_dtype else 0))
+
+
+def _bytes(tokens: int, samples: int, shards: int, per_token: int) -> int:
+    return tokens * (per_token + TOKEN_EXTRA) + samples * SAMPLE_EXTRA + shards * SHARD_EXTRA + RUN_EXTRA
+
+
+def plan(units: Sequence[Sequence[int]], out_dir: Path, *, per_token: int, replacing: bool) -> Capacity:
+    """`units`: each shard's samples' token counts. A shard whose marker is there is finished (a resume writes the
+    rest); `replacing` (overwrite): every shard is written again and what the run holds now is freed first."""
+    left = [i for i in range(len(units)) if replacing or not shard_paths(out_dir, i)["marker"].exists()]
+    tokens_left = sum(sum(units[i]) for i in left)
+    samples_left = sum(len(units[i]) for i in left)
+    free = free_bytes(out_dir)
+    if free is not None and replacing and (out_dir / SHARDS_DIR).is_dir():
+        free += sum(p.stat().st_size for p in (out_dir / SHARDS_DIR).iterdir() if p.is_file())
+    return Capacity(tokens=sum(map(sum, units)), samples=sum(map(len, units)), shards=len(units),
+                    tokens_left=tokens_left, shards_left=len(left), state_bytes_per_token=per_token,
+                    bytes_left=_bytes(tokens_left, samples_left, len(left), per_token) if left else 0,
+                    free_bytes=free)
+
+
+def free_bytes(out_dir: Path) -> int | None:
+    """Free bytes on the file system `out_dir` will be on (it may not exist yet)."""
+    where = Path(out_dir).absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        return shutil.disk_usage(where).free
+    except OSError:
+        return None
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
