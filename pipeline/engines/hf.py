@@ -20,6 +20,19 @@ from pipeline.models.hf_text import load_text_model
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _device(asked: str) -> torch.device:
+    """The device `engine.options.device` names, on this host; a CUDA device that is not here is refused by name."""
+    if asked == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(asked)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise RuntimeError(f"engine.options.device={asked!r}: this host has {count} CUDA device(s) (torch "
+                               f"{torch.__version__}); use device=cpu or auto")
+    return device
+
+
 class HFEngine(Engine):
     name = "hf"
     options_type = HFOptions
@@ -29,6 +42,7 @@ class HFEngine(Engine):
         import transformers
 
         dtype: Any = "auto" if self.dtype == "auto" else _DTYPES[self.dtype]
+        self._device = _device(self.opts.device)  # before any weight is read: a device that is not here stops it
         # A multimodal wrapper (Kimi-K2.5) loads as the text model inside it: pipeline.models.hf_text.
         self.model, self._layout = load_text_model(
             self.model_path, trust_remote_code=self.trust_remote_code, dtype=dtype,
@@ -41,6 +55,7 @@ class HFEngine(Engine):
             for param in self.model.parameters():
                 if param.is_floating_point() and param.dtype != dtype:
                     param.data = param.data.to(dtype)
+        self.model.to(self._device)
         self._norm = self.model.get_decoder().norm
         self._pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self._versions = {"transformers": transformers.__version__, "torch": torch.__version__}
@@ -61,6 +76,7 @@ class HFEngine(Engine):
         def hook(_module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
             seen["pre_norm"], seen["post_norm"] = args[0], output
 
+        ids, mask = ids.to(self._device), mask.to(self._device)
         handle = self._norm.register_forward_hook(hook)
         try:
             with torch.inference_mode():
@@ -88,7 +104,7 @@ class HFEngine(Engine):
 
     def capture(self, samples: Sequence[PreparedSample]) -> list[Capture]:
         hidden, normed = self._forward(samples)
-        stacked = self._select(hidden, normed)
+        stacked = self._select(hidden, normed).cpu()  # host memory, in the dtype captured (no copy on a CPU)
         return [
             Capture(sample_id=s.sample_id, input_ids_T=s.input_ids_T.astype(np.int64),
                     hidden_states_TPH=stacked[i, : s.num_tokens].clone())
@@ -110,7 +126,7 @@ class HFEngine(Engine):
              "pad_token_id": self._pad_id, "max_length": None})
         if s.temperature > 0:
             torch.manual_seed(s.seed if s.seed is not None else 0)  # transformers samples from torch's global RNG
-        ids = torch.tensor([list(request.prompt_ids)], dtype=torch.long)
+        ids = torch.tensor([list(request.prompt_ids)], dtype=torch.long, device=self._device)
         with torch.inference_mode():
             out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
         output = out[0, ids.shape[1]:].tolist()
