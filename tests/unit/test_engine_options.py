@@ -69,7 +69,7 @@ def test_a_misspelled_option_names_the_closest_valid_one(cls, wrong, right):
 
 def test_an_option_without_a_close_match_lists_the_valid_ones_and_every_unknown_key_is_named():
     assert refused(HFOptions, {"zzz": 1, "attn_implem": "eager"}) == (
-        "unknown option engine.options.zzz (valid options: python, attn_implementation); unknown option "
+        "unknown option engine.options.zzz (valid options: python, attn_implementation, device); unknown option "
         "engine.options.attn_implem (did you mean engine.options.attn_implementation?)")
 
 
@@ -98,7 +98,7 @@ def test_valid_options_become_typed_fields():
     sglang = SGLangOptions.parse({"device": "cpu", "aux_layer_ids": (1, 29, 57), "mem_fraction_static": 0.5})
     assert (sglang.device, list(sglang.aux_layer_ids), sglang.max_tokens_per_forward) == ("cpu", [1, 29, 57], 16384)
     assert HFOptions.parse({"attn_implementation": "eager", "python": "/p"}).to_dict() == {
-        "python": "/p", "attn_implementation": "eager"}
+        "python": "/p", "attn_implementation": "eager", "device": "cpu"}
 
 
 def test_check_options_names_the_config_path_and_the_engine():
