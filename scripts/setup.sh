@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Idempotent setup: the main environment at .venv/ and the tiny local models (cached under .cache/).
+# Idempotent setup: the main environment at .venv/ and the tiny local models (cached under .cache/). Each environment
+# installs requirements/<env>-<device>.txt, the device from scripts/device.sh (PIPELINE_DEVICE=cpu|cuda, else cuda
+# when nvidia-smi lists a GPU); PIPELINE_SETUP_DRY_RUN=1 prints what each would install and installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,14 +16,17 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
 main_env() {
-    local py=${PYTHON:-python3.11}
+    local py=${PYTHON:-python3.11} reqs
+    reqs=requirements/main-$(bash scripts/device.sh).txt
+    if [ -n "${PIPELINE_SETUP_DRY_RUN:-}" ]; then echo ".venv: -r $reqs -e .[dev,ray]"; return; fi
     if [ ! -x .venv/bin/python ]; then
         "$py" -m venv .venv
     fi
     local stamp=.venv/.installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
     if [ ! -f "$stamp" ]; then
-        # torch first and pinned: the CPU build on this machine's disk; an unpinned torch would pull a CUDA build.
-        .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+        # torch first and pinned (on the CPU machines, the CPU build on their disk; an unpinned torch would pull
+        # another build); the package after it.
+        .venv/bin/pip install -q --disable-pip-version-check -r "$reqs"
         flock "$PIPELINE_SETUP_LOCK" .venv/bin/pip install -q --disable-pip-version-check -e ".[dev,ray]"
         if .venv/bin/pip show -q torchvision 2>/dev/null; then
             .venv/bin/pip uninstall -y -q torchvision
@@ -63,6 +68,7 @@ for n in 0 1; do
     fi
 done
 [ "$failed" = 0 ] || exit 1
+if [ -n "${PIPELINE_SETUP_DRY_RUN:-}" ]; then exit 0; fi  # PIPELINE_SETUP_DRY_RUN=1: what each environment would get
 # Headless Chromium renders the diff report in the tests (tests/integration/test_diff_report.py): Debian's package,
 # installed only when it is missing and we are root (elsewhere that test skips and says why).
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -9,24 +9,24 @@ cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3.11}
 VENV=.venv-specforge
 PIP=(env PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/pip" install -q)
-TORCH=(torch==2.14.1)  # on this machine's disk; every install below is constrained to it
-DEPS=(transformers==5.8.1 datasets tqdm accelerate huggingface-hub numpy pydantic psutil pyyaml safetensors
-    typing-extensions openai-harmony requests)
+# The torch build this trainer accepts (requirements/specforge-torch.txt; on the CPU machines, the build on their disk,
+# elsewhere PyPI's CUDA one): every install below is constrained to it. What its data loaders and EAGLE-3 draft
+# import: requirements/specforge.txt; specforge==0.2.0 itself goes in --no-deps.
+TORCH=requirements/specforge-torch.txt
+REQS=requirements/specforge.txt
 
-stamp="$VENV/.installed-$(sha256sum scripts/trainers/specforge.sh | cut -c1-16)"
+stamp="$VENV/.installed-$(cat scripts/trainers/specforge.sh "$TORCH" "$REQS" | sha256sum | cut -c1-16)"
+if [ -n "${PIPELINE_SETUP_DRY_RUN:-}" ]; then echo "$VENV: -c $TORCH -r $REQS"; exit 0; fi
 if [ -f "$stamp" ]; then
     exit 0
 fi
 if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
 fi
-constraints=$(mktemp)
-trap 'rm -f "$constraints"' EXIT
-printf '%s\n' "${TORCH[@]}" > "$constraints"
-"${PIP[@]}" "${TORCH[@]}"
+"${PIP[@]}" -r "$TORCH"
 "${PIP[@]}" --no-deps specforge==0.2.0
 # --no-warn-conflicts: pip would list sglang, wandb, yunchang and the torch pin, left out on purpose, as conflicts.
-"${PIP[@]}" --no-warn-conflicts -c "$constraints" "${DEPS[@]}"
+"${PIP[@]}" --no-warn-conflicts -c "$TORCH" -r "$REQS"
 "$VENV/bin/python" - <<'PYEOF'
 import importlib.metadata as md
 want = {"torch": "2.14.1", "specforge": "0.2.0"}

@@ -10,26 +10,23 @@ VENV=.venv-speculators
 PIP=(env PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/pip" install -q)
 # The torch build on this machine's disk that speculators accepts (<=2.14.1). Every install below is constrained to
 # it: an unconstrained resolve would fetch another build (several GB).
-TORCH=(torch==2.14.1)
-# What speculators.train.data (ArrowDataset), speculators.models.eagle3 and their imports need; speculators itself is
-# installed --no-deps because it requires torchvision/torchaudio, which nothing of this needs.
-DEPS=(hs-connectors==0.9.0 "datasets>=4.0.0,<=5.1.0" transformers==5.19.0 safetensors "numpy>=2,<=2.5.4" openai
-    "loguru>=0.7.2,<=0.7.3" "pydantic>=2" "pydantic-settings>=2" rich "tqdm>=4.66.3,<=4.70.1" typer click httpx
-    aiohttp psutil protobuf huggingface-hub)
+# The torch build this trainer accepts (requirements/speculators-torch.txt; on the CPU machines, the build on their disk,
+# elsewhere PyPI's CUDA one): every install below is constrained to it. What its data loaders and EAGLE-3 draft
+# import: requirements/speculators.txt; speculators==0.9.0 itself goes in --no-deps.
+TORCH=requirements/speculators-torch.txt
+REQS=requirements/speculators.txt
 
-stamp="$VENV/.installed-$(sha256sum scripts/trainers/speculators.sh | cut -c1-16)"
+stamp="$VENV/.installed-$(cat scripts/trainers/speculators.sh "$TORCH" "$REQS" | sha256sum | cut -c1-16)"
+if [ -n "${PIPELINE_SETUP_DRY_RUN:-}" ]; then echo "$VENV: -c $TORCH -r $REQS"; exit 0; fi
 if [ -f "$stamp" ]; then
     exit 0
 fi
 if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
 fi
-constraints=$(mktemp)
-trap 'rm -f "$constraints"' EXIT
-printf '%s\n' "${TORCH[@]}" > "$constraints"
-"${PIP[@]}" "${TORCH[@]}"
+"${PIP[@]}" -r "$TORCH"
 "${PIP[@]}" --no-deps speculators==0.9.0
-"${PIP[@]}" --no-warn-conflicts -c "$constraints" "${DEPS[@]}"
+"${PIP[@]}" --no-warn-conflicts -c "$TORCH" -r "$REQS"
 "$VENV/bin/python" - <<'PYEOF'
 import importlib.metadata as md
 want = {"torch": "2.14.1", "speculators": "0.9.0", "hs-connectors": "0.9.0"}
