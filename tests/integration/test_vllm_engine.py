@@ -5,6 +5,8 @@ Each engine starts once per test class (~15-25 s each on 2 cores). Figures are p
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from pipeline.engines.registry import make_engine
 from pipeline.models.info import read_model_info
 from pipeline.points import parse_points
 from pipeline.shards.reader import RunReader
+from tests.helpers import REPO
 from tests.helpers.cli import cli
 from tests.helpers.markers import needs_vllm
 from tests.helpers.samples import rel_l2, samples_of
@@ -298,3 +301,52 @@ def test_extract_end_to_end_through_vllm(tmp_path, tiny_model):
     error = rel_l2(written["hidden_states"], ref.hidden_states_TPH)
     print(f"\nend to end: shard sample {sample_id} ({len(ids)} tokens) vs HF fp32: relative L2 {error:.1e}")
     assert error <= TOL
+
+
+def _extract(tmp_path, name, *overrides, prefix=()):
+    out = tmp_path / name
+    proc = subprocess.run([*prefix, sys.executable, "-m", "pipeline.extract", "engine=vllm", "engine.dtype=float32",
+                           "gate.mode=off", "data.limit=4", *overrides, f"out_dir={out}",
+                           f"hydra.run.dir={tmp_path / 'logs'}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=900)
+    return out, proc
+
+
+@pytest.mark.slow
+def test_tensor_parallel_ranks_on_cpu_capture_what_one_rank_does(tmp_path, tiny_model):
+    """#36 item 4: TP 2 on CPU, no binding set by the user (the adapter splits this process's CPUs among the ranks):
+    every tensor equal to TP 1's in float32, on the MLA/MoE Kimi twin, and to HF's on the tiny Llama (GQA)."""
+    one, done = _extract(tmp_path, "tp1", "model=tiny_kimi_bf16")
+    assert done.returncode == 0, done.stderr[-3000:]
+    two, done = _extract(tmp_path, "tp2", "model=tiny_kimi_bf16", "engine.tp_size=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = RunReader(one), RunReader(two)
+    errors = [rel_l2(b[s]["hidden_states"], a[s]["hidden_states"]) for s in a.sample_ids]
+    print(f"\nvLLM TP 2 vs TP 1, tiny Kimi float32, {len(errors)} samples: worst relative L2 {max(errors):.1e}")
+    assert a.sample_ids == b.sample_ids and max(errors) <= TOL
+    engine_record = json.loads((two / "manifest.json").read_text())["provenance"]["engine"]
+    assert engine_record["parallel"]["tp"] == 2
+    binding = engine_record["extra"]["environment"]["VLLM_CPU_OMP_THREADS_BIND"]
+    assert len(binding.split("|")) == 2 and engine_record["extra"]["threads_bound_by"].startswith("the adapter")
+
+    llama, done = _extract(tmp_path, "llama", "model=tiny_llama", "engine.tp_size=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    reader = RunReader(llama)
+    path = tiny_model("tiny-llama")
+    points = parse_points(list(reader.points), num_layers=read_model_info(path).num_layers)
+    batch = [PreparedSample(sample_id=s, source="x", row=0, input_ids_T=reader[s]["input_ids"].numpy().astype(np.int64),
+                            loss_mask_T=np.ones(len(reader[s]["input_ids"]), dtype=np.uint8)) for s in reader.sample_ids]
+    with make_engine(EngineSpec(name="hf", dtype="float32"), model_path=str(path), points=points,
+                     num_layers=read_model_info(path).num_layers) as hf:
+        refs = hf.capture(batch)
+    worst = max(rel_l2(reader[r.sample_id]["hidden_states"], r.hidden_states_TPH) for r in refs)
+    print(f"vLLM TP 2 vs HF, tiny Llama float32: worst relative L2 {worst:.1e}")
+    assert worst <= TOL
+
+
+def test_a_tp_larger_than_the_cpus_is_refused_in_one_line(tmp_path, tiny_model):
+    _, done = _extract(tmp_path, "tp3", "model=tiny_kimi_bf16", "engine.tp_size=3", prefix=("taskset", "-c", "0,1"))
+    assert done.returncode == 2, done.stderr[-3000:]
+    said = done.stdout + done.stderr
+    assert "engine.tp_size=3 on CPU needs a core per rank; this process may use 2 CPU(s) (0-1)" in said
+    assert "Traceback" not in said

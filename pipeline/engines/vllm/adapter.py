@@ -109,6 +109,17 @@ def _explain_start_failure(error: Exception, model_path: str, checkpoint: dict[s
         f"on its own; to run on this machine, {_dense_twin(model_path)}. INT4 MoE kernels run on GPUs.")
 
 
+def _ranges(cpus: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5' (vLLM's and taskset's CPU list syntax)."""
+    out, start = [], None
+    for i, cpu in enumerate(cpus):
+        start = cpu if start is None else start
+        if i + 1 == len(cpus) or cpus[i + 1] != cpu + 1:
+            out.append(str(start) if start == cpu else f"{start}-{cpu}")
+            start = None
+    return ",".join(out)
+
+
 class VLLMEngine(Engine):
     name = "vllm"
     environment = ".venv-vllm"
@@ -124,6 +135,7 @@ class VLLMEngine(Engine):
         if self._sizes.kv_cache_space_gib is not None:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self._sizes.kv_cache_space_gib)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if self._own_process else "0"
+        self._bind_cpu_ranks()
         from vllm import LLM
 
         try:
@@ -135,6 +147,26 @@ class VLLMEngine(Engine):
             raise ValueError(f"model.path={self.model_path!r}: vLLM loaded {layout['num_layers']} decoder layers, "
                              f"the config said {self.num_layers}")
         self._layout, self._facts = layout, self._rpc("capture_facts")
+
+    def _bind_cpu_ranks(self) -> None:
+        """TP > 1 on CPU: one process per rank, and vLLM's own `auto` binding wants a NUMA node per rank (on one node
+        it refuses: "Not enough allowed NUMA nodes"). Unless the user set VLLM_CPU_OMP_THREADS_BIND, the CPUs this
+        process may use are split among the ranks (contiguous, `0-3|4-7`); a TP with fewer CPUs than ranks is
+        refused here, before anything loads. The binding is in the provenance (the environment vLLM ran with)."""
+        from vllm.platforms import current_platform
+
+        tp = self.spec.tp_size
+        self._bound_by = "the environment" if os.environ.get("VLLM_CPU_OMP_THREADS_BIND") else None
+        if tp == 1 or not current_platform.is_cpu() or self._bound_by:
+            return
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < tp:
+            raise ValueError(f"engine.tp_size={tp} on CPU needs a core per rank; this process may use {len(cpus)} "
+                             f"CPU(s) ({_ranges(cpus)}): lower engine.tp_size, or set VLLM_CPU_OMP_THREADS_BIND")
+        share = len(cpus) // tp
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(_ranges(cpus[r * share:(r + 1) * share]) for r in range(tp))
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # every CPU is a rank's: none left to reserve
+        self._bound_by = "the adapter (one share of this process's CPUs per rank)"
 
     def _size(self) -> Sizes:
         """max_model_len and (CPU) KV space: the options when set, else from the run's longest sequence and batch
@@ -269,6 +301,7 @@ class VLLMEngine(Engine):
                    "engine_core": "own process" if self._own_process else "in the adapter's process",
                    "environment": {k: os.environ.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE",
                                                                   "VLLM_CPU_OMP_THREADS_BIND")},
+                   "threads_bound_by": self._bound_by,
                    "capture": "worker extension (forward hooks), sliced per request by query_start_loc",
                    "sizes": dataclasses.asdict(self._sizes), "options": self.opts.to_dict()})
 
