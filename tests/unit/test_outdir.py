@@ -93,7 +93,7 @@ def test_one_holder_at_a_time_and_the_claim_dies_with_its_holder(tmp_path, lock_
     in the caller's words and error class while the holder lives, and granted once it is killed."""
     holder = _holder(tmp_path, lock_file)
     try:
-        who = rf"pid {holder.pid} on host" if lock_file else "another process"  # no lease: no holder to name
+        who = rf"pid {holder.pid} on host"  # a lease names it; a directory locked on itself: the kernel's lock table
         with pytest.raises(KeyError, match=f"busy: {who}"):
             with DirClaim(tmp_path, lock_file=lock_file, lease=lock_file is not None, busy_error=KeyError,
                           refusal=lambda holder: f"busy: {holder}"):
