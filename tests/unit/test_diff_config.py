@@ -76,7 +76,7 @@ def test_an_entry_starts_from_its_engine_preset():
     hf = to_spec(parse_entry("hf@bfloat16", "e"))
     assert (hf.name, hf.dtype, hf.batch_size, hf.options) == ("hf", "bfloat16", 8, {"attn_implementation": "sdpa", "device": "cpu"})
     custom = to_spec(parse_entry({"name": "hf", "batch_size": 2, "options": {"attn_implementation": "eager"}}, "e"))
-    assert (custom.dtype, custom.batch_size, custom.options) == ("auto", 2, {"attn_implementation": "eager"})
+    assert (custom.dtype, custom.batch_size, custom.options) == ("auto", 2, {"attn_implementation": "eager", "device": "cpu"})
     unknown = to_spec(parse_entry("someday@float32", "e"))  # no preset: EngineSpec defaults
     assert (unknown.name, unknown.dtype, unknown.options) == ("someday", "float32", {})
 
