@@ -54,9 +54,16 @@ class RunPlan:
                 "nothing was started and no weight was read: run it without plan=true"]
 
 
+def _capture_dtype(run: ResolvedRun) -> str:
+    """The dtype the primary engine captures in: engine.dtype, or the checkpoint's own for `auto`."""
+    dtype = str(run.cfg.engine.dtype)
+    return dtype if dtype != "auto" else run.model.torch_dtype
+
+
 def make_plan(run: ResolvedRun, samples: Sequence[PreparedSample]) -> RunPlan:
+    """The plan; the engines' weights are sized only when it is printed (plan=true): the space check needs none."""
     cfg = run.cfg
-    capture = str(cfg.engine.dtype) if str(cfg.engine.dtype) != "auto" else run.model.torch_dtype
+    capture = _capture_dtype(run)
     capture = capture if capture in HIDDEN_DTYPES else "float32"
     per_token = capacity.state_bytes_per_token(len(run.points), run.model.hidden_size, capture,
                                                cfg.runner.storage_dtype)
@@ -65,7 +72,8 @@ def make_plan(run: ResolvedRun, samples: Sequence[PreparedSample]) -> RunPlan:
     cap = capacity.plan([[s.num_tokens for s in u] for u in units], run.out_dir, per_token=per_token,
                         replacing=cfg.overwrite)
     return RunPlan(out_dir=run.out_dir, points=[p.label for p in run.points], hidden_size=run.model.hidden_size,
-                   stored_dtype=cfg.runner.storage_dtype or capture, capacity=cap, engines=_engines(run))
+                   stored_dtype=cfg.runner.storage_dtype or capture, capacity=cap,
+                   engines=_engines(run) if cfg.plan else [])
 
 
 def _engines(run: ResolvedRun) -> list[EnginePlan]:
@@ -77,8 +85,7 @@ def _engines(run: ResolvedRun) -> list[EnginePlan]:
             sizes[path] = weight_size(path)
         return EnginePlan(label, role, spec.tp_size, sizes[path])
 
-    dtype = str(cfg.engine.dtype) if str(cfg.engine.dtype) != "auto" else run.model.torch_dtype
-    engines = [plan(cfg.engine, f"{cfg.engine.name}@{dtype}", "captures the run")]
+    engines = [plan(cfg.engine, f"{cfg.engine.name}@{_capture_dtype(run)}", "captures the run")]
     if str(cfg.gate.mode) != "off":
         reference = parse_entry(cfg.diff.reference, "diff.reference")
         engines.append(plan(to_spec(reference), reference.display, "the gate's reference", reference.model_path))
