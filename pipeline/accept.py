@@ -10,7 +10,7 @@ prompt (raw text would inflate acceptance). With --run or --export the doctor al
 features it was trained on. Writes OUT_DIR/report.json (raw counters per prompt), report.md and report.html (the
 per-position chart, the drafts side by side); a finished report is replaced only with --overwrite.
 
-Exit status (README.md, "Exit codes"): 0 measured; 2 usage errors (a missing file, a draft vLLM refuses, --serve
+Exit status (docs/reference/exit-codes.md): 0 measured; 2 usage errors (a missing file, a draft vLLM refuses, --serve
 sglang); 1 the engine failed at run time. A draft vLLM refuses or fails on does not stop the others: they are measured
 and reported, the failure is in report.json ("failed") and one `error:` line, and the exit status is its own (the worst
 of them); only when no draft can be measured is nothing written.
@@ -33,7 +33,7 @@ from pipeline.acceptance.measure import SGLANG_REFUSAL, measure  # noqa: E402
 from pipeline.acceptance.report import Settings  # noqa: E402
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     about = " ".join(__doc__.split("\n\n")[1].split())  # the paragraph after the usage lines
     parser = argparse.ArgumentParser(prog="python -m pipeline.accept", description=about)
     parser.add_argument("--draft", required=True, action="append", type=Path, help="a draft checkpoint (repeatable)")
@@ -63,7 +63,7 @@ def _engine_option(text: str) -> tuple[str, object]:
 
 
 def accept(argv: Sequence[str] | None) -> ExitCode:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     if args.serve == "sglang":
         raise UsageError(SGLANG_REFUSAL)
     if args.num_speculative_tokens < 1 or args.max_tokens < 1 or not (math.isfinite(args.temperature)

@@ -4,10 +4,10 @@
     python -m pipeline.diff diff.engines=[sglang,vllm] diff.reference=hf@float32 model=tiny_kimi_bf16
     python -m pipeline.diff diff.engines=[{name:vllm,dtype:float32,label:vllm-fp32}] out_dir=runs/diff-vllm
 
-Writes report.json, report.md and report.html into out_dir and prints a verdict table. Exit status (README.md, "Exit
-codes"): 0 pass or warn, 3 fail, 2 configuration error, 1 an I/O error. Its config is conf/diff.yaml (DiffJobConfig):
-model, data, diff, capture (what `diff.points` names), storage_dtype and out_dir; any other key (`runner.*`,
-`engine.*`, `overwrite`) is a configuration error.
+Writes report.json, report.md and report.html into out_dir and prints a verdict table. Exit status
+(docs/reference/exit-codes.md): 0 pass or warn, 3 fail, 2 configuration error, 1 an I/O error. Its config is
+conf/diff.yaml (DiffJobConfig): model, data, diff, capture (what `diff.points` names), storage_dtype and out_dir; any
+other key (`runner.*`, `engine.*`, `overwrite`) is a configuration error.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ serving setup with what the shards hold (pipeline/drafts/) and names every misma
 weight names are proven by loading the draft into the server's own draft class in the engine's environment on CPU
 (`--no-load` skips that).
 
-Exit status (README.md, "Exit codes"): 0 nothing is MISMATCH or ERROR; 3 something is; 2 usage errors (a missing or
+Exit status (docs/reference/exit-codes.md): 0 nothing is MISMATCH or ERROR; 3 something is; 2 usage errors (a missing or
 unreadable file, named).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pipeline.drafts.report import failed, render_json, render_text  # noqa: E40
 from pipeline.drafts.serving import SERVERS  # noqa: E402
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline.doctor", description=__doc__.splitlines()[2])
     parser.add_argument("--draft", required=True, type=Path, help="the draft checkpoint (config.json + safetensors)")
     parser.add_argument("--serve", required=True, choices=SERVERS, help="the serving framework")
@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def doctor(argv: Sequence[str] | None) -> ExitCode:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     if args.run is None and args.export is None and args.target is None:
         raise UsageError("name the target: --run RUN_DIR, --export EXPORT_DIR or --target MODEL_DIR")
     request = Request(draft=args.draft, serve=args.serve, run=args.run, export=args.export, target=args.target,

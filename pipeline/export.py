@@ -10,8 +10,8 @@ speculators with `--last final_norm`: the last slot is final_norm divided by the
 speculators' own norm maps back to final_norm (checked on every sample; pipeline/exports/unnorm.py). A rerun completes
 a partial export.
 
-Exit status (README.md, "Exit codes"): 0 exported (or already complete); 2 usage errors and runs that cannot satisfy
-the layout; 3 a run that does not verify; 1 an I/O error (a rerun resumes); each one line.
+Exit status (docs/reference/exit-codes.md): 0 exported (or already complete); 2 usage errors and runs that cannot
+satisfy the layout; 3 a run that does not verify; 1 an I/O error (a rerun resumes); each one line.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from pipeline.points import FRAMEWORKS, split_points  # noqa: E402
 from pipeline.shards.manifest import read_manifest  # noqa: E402
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline.export", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="a finished run directory (manifest.json + shards/)")
     parser.add_argument("--format", required=True, choices=sorted(FORMATS), help="the trainer layout")
@@ -59,7 +59,7 @@ def _aux(args: argparse.Namespace) -> list[str] | None:
 
 
 def export(argv: Sequence[str] | None) -> ExitCode:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     result = export_run(args.run_dir, args.out, exporter_for(args.format), aux=_aux(args), last=args.last,
                         draft_vocab=args.draft_vocab)

@@ -9,7 +9,7 @@ Writes a regeneration directory (pipeline/data/regeneration/): per conversation 
 model's chat template rendered them, the generated ids as the engine produced them, why each turn stopped and the
 sampling values the engine applied; its manifest (written last) holds the engine, versions, kernels, model and
 template digests, sampling, the input's digest and the code version. Rerunning the same command resumes it. Exit
-status (README.md, "Exit codes"): 0 done, 1 failed (resumable), 2 configuration error, 130/143 interrupted.
+status (docs/reference/exit-codes.md): 0 done, 1 failed (resumable), 2 configuration error, 130/143 interrupted.
 """
 from __future__ import annotations
 

@@ -2,10 +2,10 @@
 finished regeneration directory (pipeline.regenerate's) before extracting it (pipeline/data/regeneration/verify.py).
 
 With --key (the signer's Ed25519 public key, PEM), the run's attestation must carry a signature by that key and every
-file must be what it attests: what is proven with and without a key is README.md's "What verify proves".
+file must be what it attests: what is proven with and without a key is docs/explanation/what-verify-proves.md.
 
-Exit status (README.md, "Exit codes"): 0 sound (a summary on stdout); 3 problems found (each on its own stderr line);
-2 not a finished run (missing directory, or no manifest: an unfinished run), or a key that cannot be read.
+Exit status (docs/reference/exit-codes.md): 0 sound (a summary on stdout); 3 problems found (each on its own stderr
+line); 2 not a finished run (missing directory, or no manifest: an unfinished run), or a key that cannot be read.
 """
 from __future__ import annotations
 
@@ -38,12 +38,17 @@ def _storage(storage: dict | None) -> str:
     return f" (captured in {storage.get('capture_dtype')}, {storage.get('scaling')} scales; read back dequantized)"
 
 
-def verify(argv: Sequence[str] | None) -> ExitCode:
+def parser() -> argparse.ArgumentParser:
+    """The command's arguments (the docs' command reference is generated from it)."""
     parser = argparse.ArgumentParser(prog="python -m pipeline.verify", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="a run directory holding manifest.json and shards/")
     parser.add_argument("--key", type=Path, default=None, metavar="PUB",
                         help="the Ed25519 public key (PEM) whose private half signed the run (extract's sign_key)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def verify(argv: Sequence[str] | None) -> ExitCode:
+    args = parser().parse_args(argv)
     if is_regeneration(args.run_dir):
         if args.key is not None:  # nothing a key could check: "sound" would claim a proof that was never made
             raise UsageError(f"--key {args.key}: {args.run_dir} is a regeneration directory, which carries no "

@@ -94,3 +94,17 @@ def kimi_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("kimi_tok")
     write_kimi_tokenizer(out)
     return out
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The documented commands' inventory, after a run that ran them (tests/docs/test_commands.py)."""
+    reports = [r for reports in terminalreporter.stats.values() for r in reports if hasattr(r, "nodeid")]
+    if not any(r.nodeid.startswith("tests/docs/test_commands.py::test_the_page_commands_run") for r in reports):
+        return
+    from tests.helpers.docblocks import inventory
+
+    try:
+        terminalreporter.write_sep("-", "documented commands")
+        terminalreporter.write_line(inventory())
+    except ValueError as e:  # a page the harness refuses: its test says so too
+        terminalreporter.write_line(f"documented commands: {e}")

@@ -208,12 +208,16 @@ def to_html(result: DiffResult) -> str:
         sections=_sections(result))
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m pipeline.compare.html REPORT_DIR`: draw report.html from the report.json in REPORT_DIR (a run's
-    diff/ directory, whose gate draws no plots unless it fails, or the out_dir of python -m pipeline.diff)."""
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline.compare.html", description="draw report.html from a report.json")
-    parser.add_argument("report_dir", type=Path)
-    args = parser.parse_args(argv)
+    parser.add_argument("report_dir", type=Path, help="a run's diff/ directory (its gate draws no plots unless it "
+                        "fails) or the out_dir of python -m pipeline.diff")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m pipeline.compare.html REPORT_DIR`: draw report.html from the report.json in REPORT_DIR."""
+    args = parser().parse_args(argv)
     try:
         result = load(args.report_dir)
     except (FileNotFoundError, ValueError) as e:

@@ -153,9 +153,9 @@ class Thresholds:
 
 def _default_thresholds() -> dict[str, Thresholds]:
     # Each dtype's limits sit above what its rounding alone gives. bfloat16's depth term comes from the trained model
-    # (README, "The real model"): HF bf16 against HF float32 on SmolLM2, the p90 of per-token relative L2 grows from
-    # 6e-3 at b1 to 2.4e-2 at b29 and 3.5e-2 after the last layer (limit there: 1.5e-2 + 30 x 1e-3 = 4.5e-2), while a
-    # one-layer shift is >= 0.23 per token at every depth; a flat 1.5e-2, set on the tiny random models
+    # (docs/explanation/real-model.md): HF bf16 against HF float32 on SmolLM2, the p90 of per-token relative L2 grows
+    # from 6e-3 at b1 to 2.4e-2 at b29 and 3.5e-2 after the last layer (limit there: 1.5e-2 + 30 x 1e-3 = 4.5e-2),
+    # while a one-layer shift is >= 0.23 per token at every depth; a flat 1.5e-2, set on the tiny random models
     # (bench/README.md#figures-measured-outside-the-bench-scripts), stopped the trained model's run for plain bf16
     # noise from b15 on. float16 has no depth term: no trained-model evidence for it yet. On MoE models bf16 rounding
     # also flips expert choices; that divergence is judged by `routing_flips`, not by these limits.

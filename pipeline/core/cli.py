@@ -1,7 +1,7 @@
 """The command-line contract every entry point keeps: one exit code per kind of outcome, and the errors that carry it.
 
 A scheduler or a script reads the exit code alone, so the same outcome has the same code in every command (the table
-is in README.md, "Exit codes"): FAILED is worth rerunning (the run resumes), USAGE is not until the input or the
+is in docs/reference/exit-codes.md): FAILED is worth rerunning (the run resumes), USAGE is not until the input or the
 configuration changes, REFUSED means a check looked at the data and said no (its report or lines say why), BUG is an
 exception no check anticipated: its traceback is shown, and no scheduler should rerun it as if it were resumable.
 """

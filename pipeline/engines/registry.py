@@ -81,6 +81,11 @@ def options_class(name: str) -> type[EngineOptions]:
     return engine_class(name).options_type or EngineOptions
 
 
+def options_classes() -> dict[str, type[EngineOptions]]:
+    """Every built-in engine's options class, by engine name (the docs' configuration reference lists them)."""
+    return {name: options_class(name) for name in _OPTIONS}
+
+
 def check_options(spec: EngineSpec, where: str) -> None:
     """OptionsError (a ValueError) naming `<where>.options.<key>` for an option the engine does not take, with the
     closest valid one, or for a value it cannot take; ValueError for an unknown engine."""

@@ -196,17 +196,21 @@ def materialise(build: str | None, path: str | None) -> Path | None:
     return ensure_model(build, Path(path).parent if path else None)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline.factory", description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"models to build (default: all of {list(RECIPES)})")
     parser.add_argument(
         "--root", type=Path, default=None, help="cache directory (default: $PIPELINE_MODELS_DIR or .cache/models)"
     )
     parser.add_argument("--force", action="store_true", help="rebuild even when a complete copy exists")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = (cli := parser()).parse_args(argv)
     unknown = [n for n in args.names if n not in RECIPES]
     if unknown:
-        parser.error(f"unknown model name(s) {unknown}; known: {list(RECIPES)}")
+        cli.error(f"unknown model name(s) {unknown}; known: {list(RECIPES)}")
     root = args.root if args.root is not None else models_root()
     for name in args.names or list(RECIPES):
         start = time.perf_counter()

@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, needs_engine("sglang", 
 # model_gate=kimi_k25: the real model's gate (conf/model_gate/), which a model choice of its own does not select
 RECIPE = ["+exp=kimi", "model=tiny_k25_bf16", "model_gate=kimi_k25", "engine.tp_size=1", "diff.reference.tp_size=1"]
 # float32: the tiny model's random MoE is chaotic over 61 bf16 layers (routing flips), and the gate stops a bf16 run
-# (README, the recipe on CPU). Nothing else: the README's line as written (vLLM sizes its KV cache from the run).
+# (docs/how-to/kimi-gpu-node.md, "Rehearse the recipe on CPU"). Nothing else: the page's line as
+# written (vLLM sizes its KV cache from the run).
 CPU = ["engine.dtype=float32", "diff.reference.dtype=float32"]
 SMALL = ["data.limit=8"]  # the bundled conversations; everything else as the recipe says
 

@@ -1,5 +1,5 @@
-"""Every entry point's exit codes (pipeline/core/cli.py; the table in README.md, "Exit codes"), from the real commands
-on real files: each kind of outcome has the same code in every command, said in one line without a traceback.
+"""Every entry point's exit codes (pipeline/core/cli.py; the table in docs/reference/exit-codes.md), from the real
+commands on real files: each kind of outcome has the same code in every command, said in one line without a traceback.
 
     0 OK   1 FAILED (a runtime cause: rerun resumes)   2 USAGE (arguments, configuration, input)
     3 REFUSED (a check said no)   70 BUG (an unexpected exception: its traceback)   130 / 143 Ctrl-C / SIGTERM

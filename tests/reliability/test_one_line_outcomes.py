@@ -1,4 +1,4 @@
-"""What issue 24 found still owing one line (pipeline/core/cli.py; README.md, "Exit codes"), each on the real commands:
+"""What issue 24 found still owing one line (pipeline/core/cli.py; docs/reference/exit-codes.md), each on the real commands:
 Ctrl-C and SIGTERM while a command is still importing (a traceback through importlib, or silence), an export on a
 full disk (a real file-size limit, not a fault hook: torch.save's own writer failed with a RuntimeError), an export's
 `--out` that is a regular file (exit 1, so a scheduler retried it), Hydra's type-conversion and interpolation errors

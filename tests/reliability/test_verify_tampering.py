@@ -367,8 +367,8 @@ def test_moved_loss_mask_tokens_are_named(run, capsys):
 @pytest.mark.parametrize("signatures", ["none", "kept"])
 def test_a_forged_run_passes_the_unsigned_verify_and_is_caught_by_the_key(run, capsys, keys, signatures):
     """Every hidden state of shard 1 tripled, then every checksum and the attestation recomputed without the key (its
-    signature dropped, or the original one kept): consistent, so the unsigned verify says sound, as the README says it
-    must; the signer's public key does not verify the forged statement."""
+    signature dropped, or the original one kept): consistent, so the unsigned verify says sound, as docs/explanation/what-verify-proves.md
+    says it must; the signer's public key does not verify the forged statement."""
     tensors, meta = shard_tensors(run / ST1)
     tensors["hidden_states"] = tensors["hidden_states"] * 3
     save_file(tensors, str(run / ST1), metadata=meta)

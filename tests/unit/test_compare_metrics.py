@@ -138,7 +138,7 @@ def test_judge_localises_real_divergence():
 
 def test_bf16_limits_grow_with_the_layers_before_the_point():
     """SmolLM2's measured bf16 noise (p90 per token 6e-3 at b1, 3.5e-2 after its 30th layer) passes; the same 3.5e-2
-    two layers in does not (README, "The real model")."""
+    two layers in does not (docs/explanation/real-model.md)."""
     def deep(values):
         return judge_points(_stats(values), list(values), name="x", dtype="bfloat16", t=T_BF16,
                             flip_cfg=RoutingFlipConfig(), moe=set(), num_layers=30)
