@@ -1,5 +1,5 @@
 """`python -m pipeline.export RUN_DIR --format speculators|specforge --out OUT_DIR [--aux POINTS [--convention C]]
-[--last POINT] [--draft-vocab N]`.
+[--last POINT] [--draft-vocab N] [--states copy|reference]`.
 
 Writes a finished, verified run in the layout a trainer reads as it is (pipeline/exports/). POINTS are written as
 `capture.points` takes them: canonical labels or boundaries (b3,b31,b59 or [3,31,59]), or with `--convention` a
@@ -9,6 +9,10 @@ the layout needs (speculators: bN; SpecForge: final_norm). A run without bN (SGL
 speculators with `--last final_norm`: the last slot is final_norm divided by the target's final-norm weight, which
 speculators' own norm maps back to final_norm (checked on every sample; pipeline/exports/unnorm.py). A rerun completes
 a partial export.
+
+`--states reference` (speculators only) copies no state: the export holds the token columns, the vocabulary files and
+export.json, and speculators' trainer reads every state from the run itself through this project's backend
+(`python -m pipeline.trainers.speculators`, pipeline/trainers/): one copy on disk.
 
 Exit status (docs/reference/exit-codes.md): 0 exported (or already complete); 2 usage errors and runs that cannot
 satisfy the layout; 3 a run that does not verify; 1 an I/O error (a rerun resumes); each one line.
@@ -47,6 +51,10 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                         help="speculators: also write token_freq.pt and d2t-N.npy/t2d-N.npy for the N most frequent "
                              "trained tokens, as speculators' own data preparation would")
+    parser.add_argument("--states", default="copy", choices=("copy", "reference"),
+                        help="copy: every sample's states into the trainer's files (default); reference "
+                             "(speculators): none, the trainer reads them from the run (python -m "
+                             "pipeline.trainers.speculators)")
     return parser
 
 
@@ -62,14 +70,16 @@ def export(argv: Sequence[str] | None) -> ExitCode:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     result = export_run(args.run_dir, args.out, exporter_for(args.format), aux=_aux(args), last=args.last,
-                        draft_vocab=args.draft_vocab)
+                        draft_vocab=args.draft_vocab, states=args.states)
     slots = ", ".join(p.label for p in result.plan.points)
     if result.status == "complete":
         print(f"already complete: {result.out} ({args.format}, slots {slots}); nothing written")
     else:
         print(f"exported {result.written + result.skipped} samples to {result.out} ({args.format}, slots {slots}): "
               f"{result.written} written, {result.skipped} finished earlier, {result.bytes_written / 1e6:.1f} MB "
-              f"in {result.seconds:.1f}s")
+              f"in {result.seconds:.1f}s" + ("; the states stay in the run (--states reference): train with "
+                                              "python -m pipeline.trainers.speculators" if args.states == "reference"
+                                              else ""))
     return ExitCode.OK
 
 

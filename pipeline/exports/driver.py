@@ -20,6 +20,7 @@ from pipeline.core.outdir import Layout, unusable_dir
 from pipeline.exports import vocab
 from pipeline.exports.base import Exporter, ExportSample
 from pipeline.exports.progress import ExportProgress
+from pipeline.exports.run_states import run_fingerprint
 from pipeline.exports.sidecar import build, export_dir, finish, plan_record
 from pipeline.exports.slots import ExportError, RunDoesNotVerify, SlotPlan, plan_slots
 from pipeline.exports.unnorm import Unnorm
@@ -95,10 +96,12 @@ def _tokens(reader: RunReader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[str] | None = None,
-               last: str | None = None, verify: bool = True, draft_vocab: int | None = None) -> ExportResult:
+               last: str | None = None, verify: bool = True, draft_vocab: int | None = None,
+               states: str = "copy") -> ExportResult:
     """Export `run_dir` into `out` with `exporter`'s layout; ExportError says why a run or `out` does not fit.
     `draft_vocab` N (speculators only): also the trainer's token frequencies and d2t/t2d for the N most frequent
-    trained tokens (exports/vocab.py)."""
+    trained tokens (exports/vocab.py). `states="reference"` (speculators only): no state is copied; the trainer reads
+    them from the run (pipeline.exports.run_states), and the sidecar fingerprints the run's files."""
     run_dir, out = Path(run_dir), Path(out)
     manifest = _manifest(run_dir)
     check_out(out, f"--out {out}", ExportError, writable=False)  # before anything is planned or read
@@ -107,8 +110,11 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
         raise ExportError(f"run {run_dir}: its manifest's provenance has no model.num_layers, so bN is unknown")
     plan = plan_slots(exporter.layout, run_points=manifest["points"], num_layers=num_layers, aux=aux, last=last)
     record = plan_record(run_dir, manifest, exporter.layout, plan)
-    files, target_vocab = _draft_vocab_files(run_dir, manifest, exporter, record, draft_vocab)
+    files = _states_files(exporter, record, states)
+    files, target_vocab = _draft_vocab_files(run_dir, manifest, exporter.layout.name, files, record, draft_vocab)
     sidecar = build(run_dir, manifest, exporter.layout, plan, record)  # before any file: it cannot fail at the end
+    if states == "reference":
+        sidecar["run_files"] = run_fingerprint(run_dir, manifest)
     progress = ExportProgress(name=exporter.layout.name, num_samples=manifest["num_samples"],
                               num_tokens=manifest["num_tokens"])
     complete = ExportResult(out=out, status="complete", plan=plan, written=0, skipped=manifest["num_samples"],
@@ -127,35 +133,57 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
             return complete
         lifecycle.prepare(out, record, found, kind)
         with RunReader(run_dir) as reader, progress:
-            _write_samples(reader, exporter, plan, out, progress, unnorm)
+            if states == "copy":
+                _write_samples(reader, exporter, plan, out, progress, unnorm)
             index_files = exporter.finish(out, _tokens(reader))
             if draft_vocab is not None:
                 sidecar["draft_vocab"] = vocab.write(out, _tokens(reader), draft_vocab, target_vocab)
-        finish(out, _finished_sidecar(sidecar, exporter, out, progress, index_files, unnorm))
+        finish(out, _finished_sidecar(sidecar, exporter, out, progress, index_files, unnorm, states))
+    if states == "reference":  # every sample is referenced; what was written is the index files
+        return ExportResult(out=out, status=found, plan=plan, written=manifest["num_samples"], skipped=0,
+                            bytes_written=sum(p.stat().st_size for p in index_files), seconds=progress.elapsed)
     return ExportResult(out=out, status=found, plan=plan, written=progress.written, skipped=progress.skipped,
                         bytes_written=progress.bytes, seconds=progress.elapsed)
 
 
-def _draft_vocab_files(run_dir: Path, manifest: Mapping[str, Any], exporter: Exporter, record: dict,
+def _states_files(exporter: Exporter, record: dict, states: str) -> Layout:
+    """The layout's files; a reference export has no per-sample files, and says so in its plan (a rerun with the
+    other choice is another export)."""
+    if states == "copy":
+        return exporter.files
+    if states != "reference":
+        raise ExportError(f"--states {states!r}: copy or reference")
+    if exporter.layout.name != "speculators":
+        raise ExportError(f"--states reference is read by speculators' trainer only (python -m "
+                          f"pipeline.trainers.speculators); the {exporter.layout.name} layout needs --states copy")
+    record["states"] = "reference"
+    return replace(exporter.files, dirs={})
+
+
+def _draft_vocab_files(run_dir: Path, manifest: Mapping[str, Any], layout_name: str, files: Layout, record: dict,
                        draft_vocab: int | None) -> tuple[Layout, int | None]:
     """The export's files, with --draft-vocab N (speculators only) its vocabulary files too, and the target's
     vocabulary size; N recorded in the plan only when asked (the plans of exports without it stay as they were)."""
     if draft_vocab is None:
-        return exporter.files, None
-    if exporter.layout.name != "speculators":
-        raise ExportError(f"--draft-vocab writes speculators' vocabulary files; the {exporter.layout.name} "
+        return files, None
+    if layout_name != "speculators":
+        raise ExportError(f"--draft-vocab writes speculators' vocabulary files; the {layout_name} "
                           "layout does not read them")
     target_vocab = vocab.target_vocab_size(manifest, run_dir)
     vocab.check_size(draft_vocab, target_vocab)
     record["draft_vocab"] = draft_vocab
-    return replace(exporter.files, files=exporter.files.files + vocab.names(draft_vocab)), target_vocab
+    return replace(files, files=files.files + vocab.names(draft_vocab)), target_vocab
 
 
 def _finished_sidecar(sidecar: dict, exporter: Exporter, out: Path, progress: ExportProgress,
-                      index_files: Sequence[Path], unnorm: Unnorm | None) -> dict:
+                      index_files: Sequence[Path], unnorm: Unnorm | None, states: str) -> dict:
     """The sidecar with what the export wrote: its files and, for a derived last slot, the derivation's record."""
     if unnorm is not None:
         sidecar["last_state"] |= unnorm.record()
+    if states == "reference":
+        sidecar["files"] = {"num_samples": sidecar["num_samples"], "first_sample": None,
+                            "index_files": [_rel(p, out) for p in index_files]}
+        return sidecar
     sidecar["files"] = {"num_samples": progress.written + progress.skipped,
                         "first_sample": _rel(exporter.sample_file(out, 0), out),
                         "index_files": [_rel(p, out) for p in index_files]}

@@ -118,6 +118,10 @@ class RunReader:
         """Position in the manifest's shard list of the shard holding `sample_id`."""
         return self._location(sample_id).shard
 
+    def tensor_file(self, shard: int) -> Path:
+        """The safetensors file of one shard (position in the manifest's shard list)."""
+        return self._tensor_files[shard]
+
     def release(self, shard: int) -> None:
         """Unmap one shard's file (it is mapped again when next read)."""
         self._handles.pop(shard, None)

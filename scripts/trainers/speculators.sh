@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent: the speculators 0.9.0 trainer's own environment at .venv-speculators/ (it pins torch, transformers and
-# datasets ranges of its own). The pipeline never imports speculators: the export tests run a small driver with this
-# interpreter (tests/exports/drivers/) that loads an export through speculators' own ArrowDataset and EAGLE-3 model.
+# datasets ranges of its own). Only pipeline/trainers/ imports speculators, and only with this interpreter (so do the
+# export tests' drivers, tests/exports/drivers/); the pipeline is installed here --no-deps for it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -27,6 +27,9 @@ fi
 "${PIP[@]}" -r "$TORCH"
 "${PIP[@]}" --no-deps speculators==0.9.0
 "${PIP[@]}" --no-warn-conflicts -c "$TORCH" -r "$REQS"
+# The pipeline itself, for `python -m pipeline.trainers.speculators` (speculators' CLI with the backend that reads a
+# run's shards): --no-deps keeps the pipeline's own pins out of this environment; what it imports is in $REQS.
+flock "${PIPELINE_SETUP_LOCK:-.}" "${PIP[@]}" --no-deps -e .
 "$VENV/bin/python" - <<'PYEOF'
 import importlib.metadata as md
 want = {"torch": "2.14.1", "speculators": "0.9.0", "hs-connectors": "0.9.0"}
@@ -34,6 +37,7 @@ bad = {n: (md.version(n), v) for n, v in want.items() if not md.version(n).start
 if bad:
     raise SystemExit(f".venv-speculators: wrong versions (installed, wanted): {bad}")
 import speculators.train.data, speculators.models.eagle3  # noqa: E401,F401  the classes the tests drive
+import pipeline.trainers.speculators_backend  # noqa: F401  the backend registers in this environment
 PYEOF
 rm -f "$VENV"/.installed-*
 touch "$stamp"

@@ -1,5 +1,6 @@
 """speculators' own training CLI, unchanged, on a machine without a GPU: `python speculators_cpu.py ARGS...` is
-`torchrun -m speculators.train ARGS...` with one process, its device redirected to the CPU and nothing else.
+`torchrun -m pipeline.trainers.speculators ARGS...` (speculators' CLI with the project's backend registered) with one
+process, its device redirected to the CPU and nothing else.
 
 Why a shim is needed (speculators 0.9.0, torch 2.14.1+cu130 in .venv-speculators): the trainer moves the model and each
 batch to `get_local_rank()` (the int 0, i.e. cuda:0), its checkpointer loads onto `get_current_device()` ("cuda:0" when
@@ -30,8 +31,14 @@ def redirect_to_cpu() -> None:
 
 
 if __name__ == "__main__":
-    redirect_to_cpu()
-    from speculators.train.cli import main
-    from speculators.train.config import TrainConfig
+    # Through the project's wrapper of speculators' CLI (pipeline/trainers/speculators.py): a full export passes as it
+    # is; a reference export gets the backend that reads its run. The backend registers before speculators' config
+    # resolution is imported (by the trainer modules redirected below).
+    import sys
 
-    main(TrainConfig.resolve())
+    from pipeline.trainers import speculators as wrapper
+
+    argv = wrapper.prepared_argv(sys.argv[1:])
+    wrapper.register()
+    redirect_to_cpu()
+    sys.exit(wrapper.main(argv))

@@ -1,0 +1,177 @@
+"""A reference export's states, read from the run itself: sample i as speculators' trainer takes it, checked on arrival.
+
+`python -m pipeline.export RUN --format speculators --states reference` copies no state. Its export.json names the run
+(path, manifest sha256, attestation digest, and the size and mtime of every file the manifest lists: `run_files`) and
+the slot plan; the trainer reads each sample's states from the run's shards through `RunStates` (the backend in
+pipeline/trainers/ wraps it for speculators). A run moved, replaced or edited after the export is refused when the
+trainer starts, in one line naming what changed; `check(key=PUB)` also proves the run as `pipeline.verify --key` does
+(every file hashed: a full read). A file edited in place that kept its size and mtime is caught only by that full
+check, as by `pipeline.verify`.
+
+On arrival `sample(i)` checks what speculators' cached path does not (it checks token equality only, and turns a
+mismatch into a silently skipped sample): the shape, finite values, and token ids equal to the export's dataset row.
+Each failure raises `RunStatesError` naming the sample and the shard file; nothing is skipped. One shard is mapped at
+a time per process (a trainer's data loader worker), so resident memory stays bounded whatever the run's size.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import pyarrow as pa
+import torch
+
+from pipeline.core.io import sha256_file
+from pipeline.core.jsonfile import read_object
+from pipeline.exports.slots import ExportError
+from pipeline.exports.speculators import ARROW_FILE
+from pipeline.exports.unnorm import Unnorm
+from pipeline.shards import attestation
+from pipeline.shards import layout as shard_layout
+from pipeline.shards.reader import RunReader
+
+SIDECAR = "export.json"  # pipeline.exports.sidecar.SIDECAR (imported there from here would be a cycle)
+
+
+class RunStatesError(ExportError):
+    """A reference export whose run is not the one it was made from, or a sample that fails a check on arrival."""
+
+
+def run_fingerprint(run_dir: Path, manifest: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """Size and mtime of every file the manifest lists (its shards): what a trainer's start compares without reading
+    them."""
+    rels = sorted({rel for entry in manifest["shards"] for rel in entry["files"]})
+    out = {}
+    for rel in rels:
+        st = os.stat(Path(run_dir) / rel)
+        out[rel] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return out
+
+
+class RunStates:
+    """Sample i of a reference export, from its run. Picklable before and after use (data loader workers)."""
+
+    def __init__(self, export_dir: str | Path) -> None:
+        self.export_dir = Path(export_dir)
+        self._reader: RunReader | None = None
+        self._ids: list[str] = []
+        self._table: pa.Table | None = None
+        self._shard: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"export_dir": self.export_dir}  # a worker opens its own mappings
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["export_dir"])
+
+    # -- at the trainer's start -------------------------------------------------------------------------------------
+
+    def check(self, key: str | Path | None = None) -> dict[str, Any]:
+        """The export's sidecar, once the run it names is proven to be the one it was made from (one line naming
+        what changed otherwise). With `key` (the signer's Ed25519 public key, PEM) every file of the run is also
+        hashed and the attestation's signature checked, as `pipeline.verify --key` does."""
+        sidecar = read_object(self.export_dir / SIDECAR, RunStatesError)
+        if sidecar.get("states") != "reference":
+            raise RunStatesError(f"{self.export_dir}: not a reference export (export.json has no states: reference); "
+                                 "its states are in its own files: train it with speculators' file backend")
+        run_dir = Path(sidecar["run_dir"])
+        manifest_path = run_dir / shard_layout.MANIFEST_NAME
+        if not manifest_path.is_file():
+            raise RunStatesError(f"{self.export_dir}: its run {run_dir} is gone (moved or removed: no "
+                                 f"{shard_layout.MANIFEST_NAME}); export the run again from where it is now")
+        if sha256_file(manifest_path) != sidecar["run_manifest_sha256"]:
+            raise RunStatesError(f"{manifest_path} is not the manifest {self.export_dir} was exported from (another "
+                                 "run at that path, or the run was rewritten); export it again")
+        if attestation.record(run_dir) != sidecar["run_attestation"]:
+            raise RunStatesError(f"{run_dir / shard_layout.ATTESTATION_NAME} changed since {self.export_dir} was "
+                                 "exported; verify the run and export it again")
+        for rel, want in sidecar["run_files"].items():
+            self._check_file(run_dir, rel, want)
+        if key is not None:
+            self._prove(run_dir, key)
+        return sidecar
+
+    def _check_file(self, run_dir: Path, rel: str, want: Mapping[str, int]) -> None:
+        path = run_dir / rel
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise RunStatesError(f"{path} is missing: the run changed since {self.export_dir} was exported") from None
+        if st.st_size != want["bytes"]:
+            raise RunStatesError(f"{path} is {st.st_size} bytes, {want['bytes']} when {self.export_dir} was exported: "
+                                 f"the run changed (python -m pipeline.verify {run_dir})")
+        if st.st_mtime_ns != want["mtime_ns"]:
+            raise RunStatesError(f"{path} was modified after {self.export_dir} was exported: the run changed "
+                                 f"(python -m pipeline.verify {run_dir})")
+
+    @staticmethod
+    def _prove(run_dir: Path, key: str | Path) -> None:
+        from pipeline.shards.manifest import read_manifest
+        from pipeline.shards.verify import verify_run
+
+        public = attestation.load_public_key(key)
+        if problems := verify_run(run_dir, key=public):
+            raise RunStatesError(f"run {run_dir} is not proven by {key} ({len(problems)} problem(s), first: "
+                                 f"{problems[0]})")
+        read_manifest(run_dir)  # verify_run read it; this names a manifest that vanished since
+
+    # -- per sample ---------------------------------------------------------------------------------------------------
+
+    def _open(self) -> RunReader:
+        if self._reader is None:
+            sidecar = self.check()  # each worker: the cheap check (the key's full check ran at the trainer's start)
+            self.sidecar = sidecar
+            self.indices = torch.tensor([s["run_point_index"] for s in sidecar["slots"]], dtype=torch.long)
+            self.unnorm = None
+            self._reader = RunReader(Path(sidecar["run_dir"]))
+            if sidecar["last_state"].get("derived"):
+                self.unnorm = Unnorm.of_run(self._reader.manifest, self._reader.run_dir)
+            self._ids = self._reader.sample_ids
+            with pa.memory_map(str(self.export_dir / ARROW_FILE)) as source:
+                self._table = pa.ipc.open_stream(source).read_all()  # zero-copy over the mapping
+        return self._reader
+
+    def __len__(self) -> int:
+        self._open()
+        return len(self._ids)
+
+    def sample(self, index: int) -> dict[str, torch.Tensor]:
+        """{"hidden_states": [T, K+1, H] in the capture dtype (fp8 storage dequantized), "token_ids": [T] int64}."""
+        reader = self._open()
+        if not 0 <= index < len(self._ids):
+            raise RunStatesError(f"{self.export_dir}: sample {index} asked, the run has {len(self._ids)}")
+        sample_id = self._ids[index]
+        shard = reader.shard_of(sample_id)
+        if self._shard is not None and shard != self._shard:
+            reader.release(self._shard)  # one shard mapped at a time
+        self._shard = shard
+        where = f"sample {index} ({sample_id}) in {reader.tensor_file(shard)}"
+        row = reader[sample_id]
+        hidden = row["hidden_states"]
+        if self.unnorm is not None:
+            try:
+                hidden = self.unnorm.apply(hidden, int(self.indices[-1]), sample_id)
+            except ExportError as exc:
+                raise RunStatesError(f"{where}: {exc}") from None
+        states = hidden.index_select(1, self.indices)
+        self._check(where, index, states, row["input_ids"])
+        return {"hidden_states": states, "token_ids": row["input_ids"].to(torch.int64)}
+
+    def _check(self, where: str, index: int, states: torch.Tensor, ids: torch.Tensor) -> None:
+        row = self._table.column("input_ids")[index].values.to_numpy(zero_copy_only=False)
+        expected = torch.from_numpy(row.copy())  # the mapping is read-only
+        shape = (len(expected), len(self.indices), int(self.sidecar["hidden_size"]))
+        if tuple(states.shape) != shape:
+            raise RunStatesError(f"{where}: hidden states {tuple(states.shape)}, expected {shape} (tokens, slots, "
+                                 "hidden size)")
+        if not torch.equal(ids.to(torch.int64), expected):
+            first = int((ids.to(torch.int64) != expected).nonzero()[0]) if len(ids) == len(expected) else min(
+                len(ids), len(expected))
+            raise RunStatesError(f"{where}: token ids differ from the export's dataset row {index} (first at token "
+                                 f"{first}): the run is not the one the export was made from")
+        finite = torch.isfinite(states)
+        if not bool(finite.all()):
+            token, slot = (int(v) for v in (~finite).nonzero()[0][:2])
+            raise RunStatesError(f"{where}: {int((~finite).sum())} non-finite value(s), first at token {token}, slot "
+                                 f"{slot} ({self.sidecar['slots'][slot]['point']})")

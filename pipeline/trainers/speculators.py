@@ -1,0 +1,80 @@
+"""`python -m pipeline.trainers.speculators ARGS...` (or `torchrun -m pipeline.trainers.speculators ARGS...`):
+speculators' own training CLI (`python -m speculators.train`), unchanged, with this project's hidden-states backend
+registered (pipeline/trainers/speculators_backend.py). Run it with speculators' environment (.venv-speculators).
+
+On an export made with `--states reference` (its export.json says so) the backend is chosen for you
+(`--hidden-states-backend pipeline-run`): the trainer reads every state from the run, checked on arrival. Any other
+export is handed to speculators as it is. A run moved, replaced or edited since the export, or a sample that fails a
+check, stops the trainer with one line naming it (exit 2): never a skipped sample.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+BACKEND = "pipeline-run"  # speculators_backend.BACKEND (importing it needs hs_connectors: only after the checks)
+PROG = "pipeline.trainers.speculators"
+
+
+def _value(argv: Sequence[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def prepared_argv(argv: Sequence[str]) -> list[str]:
+    """argv with the backend chosen for a reference export; SystemExit(2) for a backend that cannot read it."""
+    argv = list(argv)
+    data_path = _value(argv, "--data-path")
+    sidecar = Path(data_path) / "export.json" if data_path else None
+    if sidecar is None or not sidecar.is_file():
+        return argv
+    try:
+        reference = json.loads(sidecar.read_text(encoding="utf-8")).get("states") == "reference"
+    except (OSError, ValueError, AttributeError):
+        return argv  # not ours to judge: speculators reads it as it would
+    backend = _value(argv, "--hidden-states-backend")
+    if reference and backend is None:
+        return [*argv, "--hidden-states-backend", BACKEND]
+    if reference and backend != BACKEND:
+        raise SystemExit(f"{PROG}: --data-path {data_path} is a reference export (its states are in its run, "
+                         f"not in hidden_states/): use --hidden-states-backend {BACKEND}, or leave it out")
+    return argv
+
+
+def register() -> None:
+    """Register the backend; before speculators' config resolution is imported (it collects backends then)."""
+    import pipeline.trainers.speculators_backend  # noqa: F401
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error's own line; a data loader worker's error comes back wrapped with its traceback in the message."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[-1].split("RunStatesError: ", 1)[-1] if lines else type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = prepared_argv(sys.argv[1:] if argv is None else argv)
+    register()
+    from pipeline.exports.run_states import RunStates, RunStatesError
+
+    try:
+        if _value(argv, "--hidden-states-backend") == BACKEND and (data_path := _value(argv, "--data-path")):
+            RunStates(data_path).check()  # before speculators loads a model or creates its save path
+        from speculators.train.cli import main as train
+        from speculators.train.config import TrainConfig
+
+        train(TrainConfig.resolve(argv))
+    except RunStatesError as exc:
+        print(f"{PROG}: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
