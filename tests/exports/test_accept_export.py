@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pipeline.acceptance.measure import prepare
 from pipeline.acceptance.report import Settings
 from tests.exports.conftest import cli
 from tests.helpers.drafts import make_draft
 
 
-def test_the_target_and_the_trained_features_come_from_the_export(llama_run, models_root, tmp_path):
+@pytest.mark.parametrize("states", ["copy", "reference"])  # a reference export's sidecar says the same
+def test_the_target_and_the_trained_features_come_from_the_export(llama_run, models_root, tmp_path, states):
     export = tmp_path / "export"
-    proc = cli("pipeline.export", str(llama_run), "--format", "speculators", "--out", str(export))
+    proc = cli("pipeline.export", str(llama_run), "--format", "speculators", "--out", str(export), "--states", states)
     assert proc.returncode == 0, proc.stderr[-2000:]
     ids = json.loads((export / "export.json").read_text())["serving"]["vllm"]["aux_layer_ids"]
     config = json.loads((models_root / "tiny-llama" / "config.json").read_text())
