@@ -122,7 +122,12 @@ class RunStates:
         if self._reader is None:
             sidecar = self.check()  # each worker: the cheap check (the key's full check ran at the trainer's start)
             self.sidecar = sidecar
-            self.indices = torch.tensor([s["run_point_index"] for s in sidecar["slots"]], dtype=torch.long)
+            indices = [s["run_point_index"] for s in sidecar["slots"]]
+            self.indices = torch.tensor(indices, dtype=torch.long)
+            # only the run's points from the first slot's to the last slot's are read; the slots within them picked
+            self.span = slice(min(indices), max(indices) + 1)
+            self.within = None if indices == list(range(min(indices), max(indices) + 1)) else \
+                torch.tensor([i - min(indices) for i in indices], dtype=torch.long)
             self.unnorm = None
             self._reader = RunReader(Path(sidecar["run_dir"]))
             if sidecar["last_state"].get("derived"):
@@ -147,16 +152,17 @@ class RunStates:
             reader.release(self._shard)  # one shard mapped at a time
         self._shard = shard
         where = f"sample {index} ({sample_id}) in {reader.tensor_file(shard)}"
-        row = reader[sample_id]
-        hidden = row["hidden_states"]
-        if self.unnorm is not None:
+        states = reader.hidden_states(sample_id, self.span)
+        if self.within is not None:
+            states = states.index_select(1, self.within)
+        if self.unnorm is not None:  # the last slot is final_norm, divided by the norm's weight
             try:
-                hidden = self.unnorm.apply(hidden, int(self.indices[-1]), sample_id)
+                states = self.unnorm.apply(states, states.shape[1] - 1, sample_id)
             except ExportError as exc:
                 raise RunStatesError(f"{where}: {exc}") from None
-        states = hidden.index_select(1, self.indices)
-        self._check(where, index, states, row["input_ids"])
-        return {"hidden_states": states, "token_ids": row["input_ids"].to(torch.int64)}
+        ids = reader.tokens(sample_id)["input_ids"]
+        self._check(where, index, states, ids)
+        return {"hidden_states": states, "token_ids": ids.to(torch.int64)}
 
     def _check(self, where: str, index: int, states: torch.Tensor, ids: torch.Tensor) -> None:
         row = self._table.column("input_ids")[index].values.to_numpy(zero_copy_only=False)
@@ -170,8 +176,9 @@ class RunStates:
                 len(ids), len(expected))
             raise RunStatesError(f"{where}: token ids differ from the export's dataset row {index} (first at token "
                                  f"{first}): the run is not the one the export was made from")
-        finite = torch.isfinite(states)
-        if not bool(finite.all()):
+        low, high = torch.aminmax(states)  # NaN and inf reach the extremes; an order faster than isfinite on bf16
+        if not (bool(torch.isfinite(low)) and bool(torch.isfinite(high))):
+            finite = torch.isfinite(states)
             token, slot = (int(v) for v in (~finite).nonzero()[0][:2])
             raise RunStatesError(f"{where}: {int((~finite).sum())} non-finite value(s), first at token {token}, slot "
                                  f"{slot} ({self.sidecar['slots'][slot]['point']})")

@@ -107,6 +107,16 @@ class RunReader:
             out["hidden_scales"] = scales
         return out
 
+    def hidden_states(self, sample_id: str, points: slice) -> Any:
+        """[T, P', H] of one sample in the capture dtype, reading only the points in `points` (a step-1 slice of the
+        run's points): a trainer's slots without the points it does not read."""
+        loc = self._location(sample_id)
+        handle = self._handle(loc.shard)
+        rows = slice(loc.offset, loc.offset + loc.num_tokens)
+        stored = handle.get_slice(layout.HIDDEN_STATES)[rows, points]
+        scales = handle.get_slice(layout.HIDDEN_SCALES)[rows, points] if self.storage.scaled else None
+        return self.storage.decode(stored, scales)
+
     def tokens(self, sample_id: str) -> dict[str, Any]:
         """{"input_ids" [T] int64, "loss_mask" [T] uint8} of one sample, without touching its hidden states."""
         loc = self._location(sample_id)
