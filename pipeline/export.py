@@ -1,5 +1,5 @@
 """`python -m pipeline.export RUN_DIR --format speculators|specforge --out OUT_DIR [--aux POINTS [--convention C]]
-[--last POINT] [--draft-vocab N] [--states copy|reference]`.
+[--last POINT] [--draft-vocab N] [--states copy|reference] [--storage fp8]`.
 
 Writes a finished, verified run in the layout a trainer reads as it is (pipeline/exports/). POINTS are written as
 `capture.points` takes them: canonical labels or boundaries (b3,b31,b59 or [3,31,59]), or with `--convention` a
@@ -12,7 +12,9 @@ a partial export.
 
 `--states reference` (speculators only) copies no state: the export holds the token columns, the vocabulary files and
 export.json, and speculators' trainer reads every state from the run itself through this project's backend
-(`python -m pipeline.trainers.speculators`, pipeline/trainers/): one copy on disk.
+(`python -m pipeline.trainers.speculators`, pipeline/trainers/): one copy on disk. `--storage fp8` (speculators, a
+full copy) writes speculators' own FP8 layout (one scale per token; read with `--hidden-states-backend fp8`) and
+records its rounding error per slot in export.json.
 
 Exit status (docs/reference/exit-codes.md): 0 exported (or already complete); 2 usage errors and runs that cannot
 satisfy the layout; 3 a run that does not verify; 1 an I/O error (a rerun resumes); each one line.
@@ -55,6 +57,9 @@ def parser() -> argparse.ArgumentParser:
                         help="copy: every sample's states into the trainer's files (default); reference "
                              "(speculators): none, the trainer reads them from the run (python -m "
                              "pipeline.trainers.speculators)")
+    parser.add_argument("--storage", default=None, choices=("fp8",),
+                        help="speculators, a full copy: the states in speculators' FP8 layout (float8_e4m3fn, one "
+                             "scale per token; --hidden-states-backend fp8), rounding error recorded per slot")
     return parser
 
 
@@ -69,8 +74,8 @@ def _aux(args: argparse.Namespace) -> list[str] | None:
 def export(argv: Sequence[str] | None) -> ExitCode:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    result = export_run(args.run_dir, args.out, exporter_for(args.format), aux=_aux(args), last=args.last,
-                        draft_vocab=args.draft_vocab, states=args.states)
+    result = export_run(args.run_dir, args.out, exporter_for(args.format, args.storage), aux=_aux(args),
+                        last=args.last, draft_vocab=args.draft_vocab, states=args.states)
     slots = ", ".join(p.label for p in result.plan.points)
     if result.status == "complete":
         print(f"already complete: {result.out} ({args.format}, slots {slots}); nothing written")

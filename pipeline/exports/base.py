@@ -31,12 +31,16 @@ class Exporter(Protocol):
 
     layout: TrainerLayout
     files: Layout  # what it writes into OUT (the export adds its sidecar and plan: pipeline.exports.sidecar)
+    storage: str | None  # None: the states as the run's engine captured them; "fp8": the trainer's own FP8 layout
 
     def sample_file(self, out: Path, index: int) -> Path:
         """The file holding sample `index`; names sort (as the trainer reads them) in the run's sample order."""
 
     def write_sample(self, path: Path, sample: ExportSample, plan: SlotPlan) -> None:
         """Write one sample to `path` (a temp file the driver renames once it is complete)."""
+
+    def storage_record(self, plan: SlotPlan) -> dict | None:
+        """What the states were written as, when not as captured (dtype, scaling, rounding error per slot)."""
 
     def finish(self, out: Path, tokens: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> list[Path]:
         """Write what the trainer reads besides the per-sample files (every (input_ids, loss_mask) in order); returns

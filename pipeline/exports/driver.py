@@ -8,6 +8,7 @@ every sample's file not already there, each to a temp file renamed when complete
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -21,6 +22,8 @@ from pipeline.exports import vocab
 from pipeline.exports.base import Exporter, ExportSample
 from pipeline.exports.progress import ExportProgress
 from pipeline.exports.run_states import run_fingerprint
+
+log = logging.getLogger(__name__)
 from pipeline.exports.sidecar import build, export_dir, finish, plan_record
 from pipeline.exports.slots import ExportError, RunDoesNotVerify, SlotPlan, plan_slots
 from pipeline.exports.unnorm import Unnorm
@@ -138,7 +141,7 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
             index_files = exporter.finish(out, _tokens(reader))
             if draft_vocab is not None:
                 sidecar["draft_vocab"] = vocab.write(out, _tokens(reader), draft_vocab, target_vocab)
-        finish(out, _finished_sidecar(sidecar, exporter, out, progress, index_files, unnorm, states))
+        finish(out, _finished_sidecar(sidecar, exporter, plan, out, progress, index_files, unnorm, states))
     if states == "reference":  # every sample is referenced; what was written is the index files
         return ExportResult(out=out, status=found, plan=plan, written=manifest["num_samples"], skipped=0,
                             bytes_written=sum(p.stat().st_size for p in index_files), seconds=progress.elapsed)
@@ -149,10 +152,15 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
 def _states_files(exporter: Exporter, record: dict, states: str) -> Layout:
     """The layout's files; a reference export has no per-sample files, and says so in its plan (a rerun with the
     other choice is another export)."""
+    if exporter.storage is not None:
+        record["export_storage"] = exporter.storage  # another storage of the same run is another export
     if states == "copy":
         return exporter.files
     if states != "reference":
         raise ExportError(f"--states {states!r}: copy or reference")
+    if exporter.storage is not None:
+        raise ExportError(f"--states reference writes no state, so --storage {exporter.storage} has nothing to "
+                          "store: the trainer reads the run's states as the run stores them")
     if exporter.layout.name != "speculators":
         raise ExportError(f"--states reference is read by speculators' trainer only (python -m "
                           f"pipeline.trainers.speculators); the {exporter.layout.name} layout needs --states copy")
@@ -175,11 +183,15 @@ def _draft_vocab_files(run_dir: Path, manifest: Mapping[str, Any], layout_name: 
     return replace(files, files=files.files + vocab.names(draft_vocab)), target_vocab
 
 
-def _finished_sidecar(sidecar: dict, exporter: Exporter, out: Path, progress: ExportProgress,
+def _finished_sidecar(sidecar: dict, exporter: Exporter, plan: SlotPlan, out: Path, progress: ExportProgress,
                       index_files: Sequence[Path], unnorm: Unnorm | None, states: str) -> dict:
     """The sidecar with what the export wrote: its files and, for a derived last slot, the derivation's record."""
     if unnorm is not None:
         sidecar["last_state"] |= unnorm.record()
+    if (stored := exporter.storage_record(plan)) is not None:
+        sidecar["export_storage"] = stored
+        log.info("export stored as %s: rounding error (rel L2) per slot %s over %d sample(s) written", stored["dtype"],
+                 ", ".join(f"{k} {v:.2e}" for k, v in stored["rounding_rel_l2"].items()), stored["samples_measured"])
     if states == "reference":
         sidecar["files"] = {"num_samples": sidecar["num_samples"], "first_sample": None,
                             "index_files": [_rel(p, out) for p in index_files]}

@@ -25,7 +25,7 @@ SIDECAR = "export.json"
 PLAN = ".export-plan.json"
 SIDECAR_VERSION = "2"  # 2: run_attestation.claimed_keyids (1: signed_by, the same unchecked keyids)
 PLAN_KEYS = ("format", "trainer", "run_manifest_sha256", "run_provenance_digest", "slots", "last_unnormed",
-             "draft_vocab", "states")  # what `plan_record` may hold, optional ones last
+             "draft_vocab", "states", "export_storage")  # what `plan_record` may hold, optional ones last
 
 
 def export_layout(files: Layout) -> Layout:

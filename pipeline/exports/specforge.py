@@ -58,6 +58,10 @@ def _save(features: dict[str, torch.Tensor], f: BinaryIO) -> None:
 class SpecForgeExporter:
     layout = LAYOUT
     files = FILES
+    storage = None  # the states as captured: SpecForge reads no other
+
+    def storage_record(self, plan: SlotPlan) -> None:
+        return None
 
     def sample_file(self, out: Path, index: int) -> Path:
         return Path(out) / DATA_DIR / f"{index // PER_DIR:0{_DIGITS - 4}d}" / f"data_{index:0{_DIGITS}d}.ckpt"

@@ -44,17 +44,68 @@ _FEATURES = {"input_ids": {"feature": {"dtype": "int64", "_type": "Value"}, "_ty
 _BATCH_ROWS = 4096  # rows per Arrow record batch: the token columns of a terabyte run never sit in memory at once
 
 
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+SCALES_KEY = "hidden_states_scales"  # hs_connectors.fp8_utils.SCALES_KEY
+
+
+def quantize_fp8(x_TKH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """speculators' FP8 layout (hs_connectors.fp8_utils.quantize_tensor_to_fp8, 0.9.0): one float32 scale per token
+    over all its slots, amax / 448 clamped at 1e-12; (float8_e4m3fn [T, K+1, H], scales [T, 1, 1])."""
+    fp32 = x_TKH.float()
+    scale = (fp32.abs().amax(dim=(1, 2), keepdim=True) / FP8_MAX).clamp(min=1e-12)
+    return (fp32 / scale).to(torch.float8_e4m3fn), scale
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """What speculators' fp8 backend hands the trainer (hs_connectors.fp8_utils.dequantize_fp8_tensor)."""
+    return q.to(dtype) * scale.to(dtype)
+
+
 class SpeculatorsExporter:
     layout = LAYOUT
     files = FILES
+
+    def __init__(self, storage: str | None = None) -> None:
+        """storage: None writes the states as the run's engine captured them; "fp8" in speculators' own FP8 layout
+        (read with --hidden-states-backend fp8), its rounding error measured per slot as it is written."""
+        if storage not in (None, "fp8"):
+            raise ValueError(f"storage {storage!r}: None or fp8")
+        self.storage = storage
+        self._err: torch.Tensor | None = None  # float64 [K+1]: sum of squared error, per slot
+        self._ref: torch.Tensor | None = None  # float64 [K+1]: sum of squared values, per slot
+        self.measured = 0
 
     def sample_file(self, out: Path, index: int) -> Path:
         return Path(out) / HIDDEN_DIR / f"hs_{index}.safetensors"  # the name FileTransfer.get_cached(i) opens
 
     def write_sample(self, path: Path, sample: ExportSample, plan: SlotPlan) -> None:
-        tensors = {"hidden_states": sample.slots(plan.indices), "token_ids": sample.input_ids.to(torch.int64)}
+        states = sample.slots(plan.indices)
+        tensors = {"hidden_states": states, "token_ids": sample.input_ids.to(torch.int64)}
+        if self.storage == "fp8":
+            q, scale = quantize_fp8(states)
+            self._measure(states, dequantize_fp8(q, scale, states.dtype))
+            tensors = {"hidden_states": q, SCALES_KEY: scale, "token_ids": tensors["token_ids"]}
         metadata = {"sample_id": sample.sample_id, "points": ",".join(p.label for p in plan.points)}
         _write_safetensors(path, tensors, metadata)
+
+    def _measure(self, x: torch.Tensor, back: torch.Tensor) -> None:
+        x64, err = x.double(), (back.double() - x.double())
+        sq_err, sq_ref = err.pow(2).sum(dim=(0, 2)), x64.pow(2).sum(dim=(0, 2))
+        self._err = sq_err if self._err is None else self._err + sq_err
+        self._ref = sq_ref if self._ref is None else self._ref + sq_ref
+        self.measured += 1
+
+    def storage_record(self, plan: SlotPlan) -> dict | None:
+        """The sidecar's `export_storage`: None for states as captured."""
+        if self.storage is None:
+            return None
+        rel = {} if self._err is None else {
+            p.label: float((self._err[i] / self._ref[i].clamp_min(1e-300)).sqrt()) for i, p in enumerate(plan.points)}
+        return {"dtype": "float8_e4m3fn", "scaling": "one float32 scale per token over all slots (speculators' fp8 "
+                "backend: hs_connectors.fp8_utils, 0.9.0)", "trainer_args": "--hidden-states-backend fp8",
+                "rounding_rel_l2": rel, "samples_measured": self.measured,
+                "measured": "what the fp8 backend hands the trainer against the run's states, per slot, aggregate "
+                            "over the samples this export wrote"}
 
     def finish(self, out: Path, tokens: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> list[Path]:
         out = Path(out)
