@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,8 +88,9 @@ def model_run(run: Path, model: str, samples: int) -> None:
         raise SystemExit(f"extract of {model} failed:\n{done.stderr[-3000:]}")
 
 
-def exports(run: Path, work: Path) -> tuple[Path, Path, int]:
-    """(full, reference, slots) of `run`, verification off (the bench measures the data path, not verify)."""
+def exports(run: Path, work: Path) -> tuple[Path, Path, int, float]:
+    """(full, reference, slots, seconds the reference export took) of `run`, verification off (the bench measures the
+    data path, not verify)."""
     from pipeline.exports.driver import export_run
     from pipeline.exports.formats import exporter_for
     from pipeline.shards.manifest import read_manifest
@@ -98,8 +100,9 @@ def exports(run: Path, work: Path) -> tuple[Path, Path, int]:
     last = None if f"b{num_layers}" in manifest["points"] else "final_norm"
     full, ref = work / f"{run.name}-full", work / f"{run.name}-ref"
     result = export_run(run, full, exporter_for("speculators"), last=last, verify=False)
+    start = time.perf_counter()
     export_run(run, ref, exporter_for("speculators"), last=last, verify=False, states="reference")
-    return full, ref, len(result.plan.points)
+    return full, ref, len(result.plan.points), time.perf_counter() - start
 
 
 def read_speed(full: Path, ref: Path, repeats: int) -> dict[str, list[float]]:
@@ -128,10 +131,10 @@ def main() -> None:
                 model_run(run, args.model, args.samples)
             else:
                 synthetic_run(run, args.tokens, "float8_e4m3fn" if case == "kimi-fp8" else None)
-            full, ref, slots = exports(run, work)
+            full, ref, slots, seconds = exports(run, work)
             manifest = json.loads((run / "manifest.json").read_text())
             floor = manifest["num_tokens"] * slots * manifest["hidden_size"] * 2
-            rows.append((case, du(run), du(full), du(ref), floor))
+            rows.append((case, du(run), du(full), du(ref), floor, seconds))
             if case != "kimi-fp8":
                 speed = read_speed(full, ref, args.repeats)
                 ratios = [r / f for f, r in zip(speed["full"], speed["ref"])]
@@ -145,15 +148,15 @@ def main() -> None:
 def report(rows, figures) -> None:
     mb = 1e6
     print(f"{'case':<12} {'run MB':>10} {'full MB':>10} {'ref MB':>9} {'floor MB':>10} {'(run+ref)/run':>14} "
-          f"{'(run+full)/run':>15} {'run/floor':>10}")
-    for case, run, full, ref, floor in rows:
+          f"{'(run+full)/run':>15} {'run/floor':>10} {'ref export s':>13}")
+    for case, run, full, ref, floor, seconds in rows:
         print(f"{case:<12} {run / mb:>10.1f} {full / mb:>10.1f} {ref / mb:>9.3f} {floor / mb:>10.1f} "
-              f"{(run + ref) / run:>14.4f} {(run + full) / run:>15.3f} {run / floor:>10.3f}")
+              f"{(run + ref) / run:>14.4f} {(run + full) / run:>15.3f} {run / floor:>10.3f} {seconds:>13.2f}")
     for case, (full, ref, ratio) in figures.items():
         print(f"read {case}: full export (FileTransfer) {full:.1f} samples/s, reference (pipeline-run) {ref:.1f} "
               f"samples/s, best of each; median per-round ratio {ratio:.3f}")
     by = {r[0]: r for r in rows}
-    ref_ratio = max((run + ref) / run for _, run, _, ref, _ in rows)
+    ref_ratio = max((run + ref) / run for _, run, _, ref, _, _ in rows)
     bf16, fp8 = by["kimi-bf16"], by["kimi-fp8"]
     fp8_total = (fp8[1] + fp8[3]) / (bf16[1] + bf16[2])
     read = min(ratio for _, _, ratio in figures.values())
