@@ -12,8 +12,9 @@ the trainer reads x its slots x the width x 2 bytes (bf16, what it is handed). G
 fp8 run + reference <= 0.3 x (bf16 run + full export), today's path.
 
 Read speed (samples/s) in speculators' environment, one process, the same samples in order, rounds alternating:
-speculators' own `FileTransfer.get_cached(i)` on the full export against the `pipeline-run` backend's on the
-reference export (both from the page cache after the first round). Goal: reference >= 0.9 x full.
+speculators' own dataset (`ArrowDataset[i]`, what its data loader's workers call) with its `FileTransfer` on the
+full export against the same with the `pipeline-run` backend on the reference export, every value then summed
+(bench/one_copy_read.py; both from the page cache after the first round). Goal: reference >= 0.9 x full.
 The last line reads `one_copy: ref_bytes_ratio=R read_ratio=S fp8_total_ratio=F`.
 """
 from __future__ import annotations
