@@ -66,9 +66,16 @@ def server_args(settings: RunnerSettings):
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """The TP ranks' rendezvous port. Rank 0 binds it only after spawning the followers and resolving its args, so it
+    is taken below the kernel's ephemeral range, as SGLang's own PortArgs.init_new takes its nccl_port (an ephemeral
+    port can be handed to an outgoing connection meanwhile)."""
+    try:
+        from sglang.srt.utils.network import get_free_port_below_ephemeral
+    except ImportError:  # another SGLang layout: any free port
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    return get_free_port_below_ephemeral()
 
 
 class ModelRunnerSession:
@@ -151,21 +158,25 @@ class ModelRunnerSession:
                                      return_hidden_states_before_norm=False)
 
     @torch.inference_mode()
-    def forward(self, seqs: Sequence[np.ndarray]) -> ForwardResult:
-        if self.followers is not None:
-            self.followers.send("forward", [np.asarray(ids) for ids in seqs])
-        result = self._forward(seqs)
-        if self.followers is not None:
+    def forward(self, seqs: Sequence[np.ndarray], *, discard: bool = False) -> ForwardResult | None:
+        """Run one extend forward on every rank; `discard` (a follower): run it, copy nothing to the host."""
+        if self.followers is None:
+            return self._forward(seqs, discard=discard)
+        self.followers.send("forward", [np.asarray(ids) for ids in seqs])
+        try:
+            return self._forward(seqs)
+        finally:  # every follower's reply is read, whatever rank 0 did: the next forward reads its own replies
             self.followers.wait("forward")
-        return result
 
-    def _forward(self, seqs: Sequence[np.ndarray]) -> ForwardResult:
+    def _forward(self, seqs: Sequence[np.ndarray], discard: bool = False) -> ForwardResult | None:
         fb = self._forward_batch(self._requests(seqs))
         try:
             out = self.runner.forward(fb).logits_output
         finally:  # the pools hold this forward's KV only: free them whatever happened
             self.runner.req_to_token_pool.clear()
             self.runner.token_to_kv_pool_allocator.clear()
+        if discard:
+            return None
         hidden = out.hidden_states.cpu()
         if self.settings.aux_layer_ids:
             # With aux capture, hidden_states holds the packed aux states and last_hidden_states the post-norm ones.

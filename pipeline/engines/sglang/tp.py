@@ -11,6 +11,7 @@ compatibility layer must be active before SGLang's first import, which `follower
 from __future__ import annotations
 
 import multiprocessing
+import sys
 import traceback
 from typing import Any
 
@@ -40,10 +41,12 @@ def follower_main(settings: RunnerSettings, rank: int, conn: Any) -> None:
             op, payload = conn.recv()
             if op == "close":
                 break
-            session.forward(payload)
+            session.forward(payload, discard=True)  # rank 0's results are used; nothing copied to the host here
             conn.send(("ok", None))
-    except Exception:  # reported to rank 0, which raises it
-        conn.send(("error", traceback.format_exc()))
+    except Exception:  # reported to rank 0, which raises it; also printed, in case rank 0 is stuck in a collective
+        detail = traceback.format_exc()
+        print(f"sglang TP rank {rank} failed:\n{detail}", file=sys.stderr, flush=True)
+        conn.send(("error", detail))
     finally:
         session.close()
 
@@ -63,8 +66,12 @@ class Followers:
             self.procs.append(proc)
 
     def send(self, op: str, payload: Any) -> None:
-        for conn in self.conns:
-            conn.send((op, payload))
+        for rank, (conn, proc) in enumerate(zip(self.conns, self.procs), start=1):
+            try:
+                conn.send((op, payload))
+            except (BrokenPipeError, OSError) as e:
+                proc.join(5)
+                raise RankFailed(f"TP rank {rank} is gone (exit code {proc.exitcode}) before {op!r}") from e
 
     def wait(self, what: str, timeout: float = START_TIMEOUT_S) -> None:
         for rank, (conn, proc) in enumerate(zip(self.conns, self.procs), start=1):
