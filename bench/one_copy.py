@@ -43,24 +43,18 @@ def du(path: Path) -> int:
 
 def synthetic_run(run: Path, num_tokens: int, storage_dtype: str | None) -> None:
     """A finished run of random bf16 states at Kimi's width (manifest as extract writes it, attestation left out)."""
-    import numpy as np
     import torch
+    from common import synthetic_samples
 
-    from pipeline.core.contracts import Capture, PreparedSample
+    from pipeline.core.contracts import Capture
     from pipeline.shards import layout
     from pipeline.shards.manifest import write_manifest
     from pipeline.shards.plan import plan_units
     from pipeline.shards.storage import run_record
     from pipeline.shards.writer import write_shard
 
-    rng, gen = np.random.default_rng(0), torch.Generator().manual_seed(0)
-    samples, total = [], 0
-    while total < num_tokens:
-        n = int(min(rng.integers(256, 2048), num_tokens - total))
-        samples.append(PreparedSample(sample_id=f"s{len(samples):07d}", source="bench.jsonl", row=len(samples),
-                                      input_ids_T=rng.integers(0, 150_000, n, dtype=np.int64),
-                                      loss_mask_T=(rng.random(n) < 0.5).astype(np.uint8)))
-        total += n
+    gen = torch.Generator().manual_seed(0)
+    samples = synthetic_samples(num_tokens, vocab=150_000)
     entries = []
     for index, unit in enumerate(plan_units(samples, max_tokens_per_shard=16384, max_samples_per_shard=4096)):
         items = [(s, Capture(sample_id=s.sample_id, input_ids_T=s.input_ids_T,

@@ -30,6 +30,7 @@ from pipeline.exports.unnorm import Unnorm
 from pipeline.shards import attestation
 from pipeline.shards import layout as shard_layout
 from pipeline.shards.reader import RunReader
+from pipeline.shards.verify import verify_run
 
 SIDECAR = "export.json"  # pipeline.exports.sidecar.SIDECAR (imported there from here would be a cycle)
 
@@ -107,14 +108,10 @@ class RunStates:
 
     @staticmethod
     def _prove(run_dir: Path, key: str | Path) -> None:
-        from pipeline.shards.manifest import read_manifest
-        from pipeline.shards.verify import verify_run
-
         public = attestation.load_public_key(key)
         if problems := verify_run(run_dir, key=public):
             raise RunStatesError(f"run {run_dir} is not proven by {key} ({len(problems)} problem(s), first: "
                                  f"{problems[0]})")
-        read_manifest(run_dir)  # verify_run read it; this names a manifest that vanished since
 
     # -- per sample ---------------------------------------------------------------------------------------------------
 
@@ -171,9 +168,8 @@ class RunStates:
         if tuple(states.shape) != shape:
             raise RunStatesError(f"{where}: hidden states {tuple(states.shape)}, expected {shape} (tokens, slots, "
                                  "hidden size)")
-        if not torch.equal(ids.to(torch.int64), expected):
-            first = int((ids.to(torch.int64) != expected).nonzero()[0]) if len(ids) == len(expected) else min(
-                len(ids), len(expected))
+        if not torch.equal(ids.to(torch.int64), expected):  # same length: the shape check above
+            first = int((ids.to(torch.int64) != expected).nonzero()[0])
             raise RunStatesError(f"{where}: token ids differ from the export's dataset row {index} (first at token "
                                  f"{first}): the run is not the one the export was made from")
         low, high = torch.aminmax(states)  # NaN and inf reach the extremes; an order faster than isfinite on bf16
