@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 from typing import Sequence
 
 import yaml
 
 from pipeline.core.cli import ExitCode, UsageError, interrupts_from_here, run_command
+from pipeline.core.storage import path_arg
 
 interrupts_from_here(__name__, "accept")  # before the imports below (seconds): Ctrl-C there is one line too
 
@@ -36,14 +36,16 @@ from pipeline.acceptance.report import Settings  # noqa: E402
 def parser() -> argparse.ArgumentParser:
     about = " ".join(__doc__.split("\n\n")[1].split())  # the paragraph after the usage lines
     parser = argparse.ArgumentParser(prog="python -m pipeline.accept", description=about)
-    parser.add_argument("--draft", required=True, action="append", type=Path, help="a draft checkpoint (repeatable)")
+    parser.add_argument("--draft", required=True, action="append", type=path_arg,
+                        help="a draft checkpoint (repeatable)")
     parser.add_argument("--serve", required=True, choices=("vllm", "sglang"), help="the serving framework")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--target", type=Path, help="the target model directory")
-    source.add_argument("--run", type=Path, help="the run whose shards trained the drafter (its model directory)")
-    source.add_argument("--export", type=Path, help="the export the drafter was trained on (its run's model directory)")
-    parser.add_argument("--prompts", required=True, type=Path, help="JSONL chat records")
-    parser.add_argument("--out", required=True, type=Path, help="the report directory")
+    source.add_argument("--target", type=path_arg, help="the target model directory")
+    source.add_argument("--run", type=path_arg, help="the run whose shards trained the drafter (its model directory)")
+    source.add_argument("--export", type=path_arg,
+                        help="the export the drafter was trained on (its run's model directory)")
+    parser.add_argument("--prompts", required=True, type=path_arg, help="JSONL chat records")
+    parser.add_argument("--out", required=True, type=path_arg, help="the report directory")
     parser.add_argument("--num-speculative-tokens", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Sequence
 
 from pipeline.core.cli import ExitCode, UsageError, interrupts_from_here, run_command
+from pipeline.core.storage import path_arg
 
 interrupts_from_here(__name__, "doctor")  # before the imports below (seconds): Ctrl-C there is one line too
 
@@ -29,12 +29,13 @@ from pipeline.drafts.serving import SERVERS  # noqa: E402
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline.doctor", description=__doc__.splitlines()[2])
-    parser.add_argument("--draft", required=True, type=Path, help="the draft checkpoint (config.json + safetensors)")
+    parser.add_argument("--draft", required=True, type=path_arg,
+                        help="the draft checkpoint (config.json + safetensors)")
     parser.add_argument("--serve", required=True, choices=SERVERS, help="the serving framework")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--run", type=Path, help="the run whose shards trained the drafter")
-    source.add_argument("--export", type=Path, help="the export the trainer read (its export.json)")
-    parser.add_argument("--target", type=Path, help="the target model directory (config.json)")
+    source.add_argument("--run", type=path_arg, help="the run whose shards trained the drafter")
+    source.add_argument("--export", type=path_arg, help="the export the trainer read (its export.json)")
+    parser.add_argument("--target", type=path_arg, help="the target model directory (config.json)")
     parser.add_argument("--serve-version", help="the serving framework's version (default: the one in its environment "
                         "here, .venv-sglang / .venv-vllm; else SGLang 0.5.23, vLLM 0.32.0)")
     parser.add_argument("--server-args", help="the serving command line's speculative flags, as pasted")

@@ -24,10 +24,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
 from typing import Sequence
 
 from pipeline.core.cli import ExitCode, interrupts_from_here, run_command
+from pipeline.core.storage import path_arg
 
 interrupts_from_here(__name__, "export")  # before the imports below (seconds): Ctrl-C there is one line too
 
@@ -40,9 +40,9 @@ from pipeline.shards.manifest import read_manifest  # noqa: E402
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline.export", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path, help="a finished run directory (manifest.json + shards/)")
+    parser.add_argument("run_dir", type=path_arg, help="a finished run directory (manifest.json + shards/)")
     parser.add_argument("--format", required=True, choices=sorted(FORMATS), help="the trainer layout")
-    parser.add_argument("--out", required=True, type=Path, help="the export directory (new, or a partial export)")
+    parser.add_argument("--out", required=True, type=path_arg, help="the export directory (new, or a partial export)")
     parser.add_argument("--aux", type=split_points, default=None,
                         help="aux points as capture.points takes them: b3,b31,b59 or [3,31,59]")
     parser.add_argument("--convention", default="canonical", choices=FRAMEWORKS,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from pipeline.core.cli import ExitCode, UsageError, interrupts_from_here, run_command
+from pipeline.core.storage import path_arg
 
 interrupts_from_here(__name__, "verify")  # before the imports below (seconds): Ctrl-C there is one line too
 
@@ -41,8 +42,8 @@ def _storage(storage: dict | None) -> str:
 def parser() -> argparse.ArgumentParser:
     """The command's arguments (the docs' command reference is generated from it)."""
     parser = argparse.ArgumentParser(prog="python -m pipeline.verify", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path, help="a run directory holding manifest.json and shards/")
-    parser.add_argument("--key", type=Path, default=None, metavar="PUB",
+    parser.add_argument("run_dir", type=path_arg, help="a run directory holding manifest.json and shards/")
+    parser.add_argument("--key", type=path_arg, default=None, metavar="PUB",
                         help="the Ed25519 public key (PEM) whose private half signed the run (extract's sign_key)")
     return parser
 

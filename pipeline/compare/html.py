@@ -26,6 +26,7 @@ from pipeline.compare.tables import (
 )
 from pipeline.core import plots
 from pipeline.core.cli import ExitCode
+from pipeline.core.storage import path_arg
 from pipeline.core.io import write_text_atomic
 from pipeline.shards.layout import REPORT_HTML
 
@@ -210,7 +211,7 @@ def to_html(result: DiffResult) -> str:
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline.compare.html", description="draw report.html from a report.json")
-    parser.add_argument("report_dir", type=Path, help="a run's diff/ directory (its gate draws no plots unless it "
+    parser.add_argument("report_dir", type=path_arg, help="a run's diff/ directory (its gate draws no plots unless it "
                         "fails) or the out_dir of python -m pipeline.diff")
     return parser
 

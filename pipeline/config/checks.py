@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pipeline.config.schema import DataConfig, ModelConfig
 from pipeline.core.cli import ConfigError
+from pipeline.core.storage import not_local
 from pipeline.data.remote_code import RemoteCodeError, check_remote_code
 from pipeline.data.regeneration import is_regeneration, read_manifest
 from pipeline.data.sources import check_readable
@@ -47,6 +48,8 @@ def check_points_named(values: list, field_name: str, info: ModelInfo) -> None:
 
 def check_data_path(data: DataConfig) -> None:
     """A readable prompt file, or a finished regeneration directory (pipeline.regenerate's)."""
+    if (why := not_local(data.path)) is not None:
+        raise ConfigError(f"data.path={data.path!r} {why}")
     if is_regeneration(Path(data.path)):
         try:
             read_manifest(Path(data.path))

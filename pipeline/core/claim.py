@@ -65,7 +65,7 @@ class Lease:
 _LEASE_TYPES = {"pid": int, "host": str, "token": str, "started_utc": str, "heartbeat": (int, float), "released": bool}
 
 
-def _typed(lease: Lease) -> bool:
+def well_typed(lease: Lease) -> bool:
     """Every field of the type a lease's writer gives it (a foreign or edited file is no lease)."""
     return all(isinstance(getattr(lease, name), kind) for name, kind in _LEASE_TYPES.items())
 
@@ -84,7 +84,7 @@ def read_lease(lock_path: Path) -> Lease | None:
             lease = Lease(**raw) if isinstance(raw, dict) else None
         except TypeError:
             return None
-        return lease if lease is not None and _typed(lease) else None
+        return lease if lease is not None and well_typed(lease) else None
     return None
 
 

@@ -7,7 +7,8 @@
     PIPELINE_FAULT="bug@write:run.json"               raises InjectedBug there: an exception no check anticipated
     PIPELINE_FAULT_TRACE=/tmp/steps.txt               appends every step ("write:run.json") to that file
 
-A step is `phase:file name` (phases: write = the temp file is complete, rename = it is in place, unlink, remove;
+A step is `phase:file name` (phases: write = the temp file is complete, rename = it is in place, unlink, remove,
+part = one part of a multipart upload to object storage is sent;
 and `start:<command>`, a command's first step, before its imports: pipeline.core.cli); the name may be a glob. `#N` after the step picks its N-th occurrence (1-based; default the first).
 """
 from __future__ import annotations

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from pipeline.core.outdir import Layout, unusable_dir
+from pipeline.core.storage import not_local
 from pipeline.data.regeneration import is_regeneration
 
 FORMAT_VERSION = "3"  # what the writer writes; pipeline.shards.formats reads every version
@@ -65,7 +66,7 @@ def check_out(out: Path, name: str, error: type[Exception], *, itself: bool = Tr
     pipeline.core.lifecycle) nor inside one, and is a directory (or can become one) this process can write. `error`
     names it as `name` ("out_dir='/data/r1'", "--out /data/x"), `note` follows the first refusal; `writable`
     False leaves the write probe to a later `unusable_dir` (an export already complete needs no write)."""
-    if (why := run_conflict(out, itself=itself)) is not None:
+    if (why := not_local(out) or run_conflict(out, itself=itself)) is not None:
         raise error(f"{name} {why}{note}")
     if Path(out).exists() and not Path(out).is_dir():
         raise error(f"{name} exists and is not a directory")

@@ -1,0 +1,130 @@
+"""The local file system as a `Store` (pipeline/core/storage.py): the same guarantees as object storage's, from POSIX
+primitives."""
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from pipeline.core.faults import fault_point
+from pipeline.core.io import FILE_MODE
+from pipeline.core.storage import Exists, ObjectInfo, Stale
+
+
+class LocalStore:
+    """A directory as a store: create-only writes are a hard link of a finished temp file (the link fails when the
+    name exists, atomically); a version is the file's inode, size and mtime (every write is a new inode), and a write
+    conditional on one holds the directory's flock while it compares and renames."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.url = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        if not key or key.startswith("/") or ".." in key.split("/"):
+            raise ValueError(f"{key!r} is not a key under {self.root}")
+        return self.root / key
+
+    @staticmethod
+    def _info(key: str, st: os.stat_result) -> ObjectInfo:
+        return ObjectInfo(key=key, size=st.st_size, etag=f"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}",
+                          age=max(0.0, time.time() - st.st_mtime))
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        with open(self._path(key), "rb") as f:
+            f.seek(start)
+            return f.read(-1 if end is None else max(0, end - start))
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            return self._info(key, os.stat(self._path(key)))
+        except FileNotFoundError:
+            return None
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        found = []
+        for folder, _, files in os.walk(self.root):
+            for name in files:
+                key = os.path.relpath(os.path.join(folder, name), self.root).replace(os.sep, "/")
+                if key.startswith(prefix):
+                    found.append(self._info(key, os.stat(os.path.join(folder, name))))
+        return sorted(found, key=lambda o: o.key)
+
+    @contextmanager
+    def _temp(self, final: Path) -> Iterator[Path]:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+        os.close(fd)
+        try:
+            yield Path(tmp)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+
+    def _publish(self, tmp: Path, final: Path, key: str, *, create: bool, match: str | None) -> str:
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, FILE_MODE)
+        fault_point("write", final.name)
+        if create:
+            try:
+                os.link(tmp, final)
+            except FileExistsError:
+                raise Exists(key) from None
+        elif match is not None:
+            with _dir_lock(final.parent):
+                current = self.head(key)
+                if current is None or current.etag != match:
+                    raise Stale(key)
+                os.replace(tmp, final)
+        else:
+            os.replace(tmp, final)
+        fault_point("rename", final.name)
+        return self._info(key, os.stat(final)).etag
+
+    def put(self, key: str, data: bytes, *, create: bool = False, match: str | None = None) -> str:
+        final = self._path(key)
+        with self._temp(final) as tmp:
+            tmp.write_bytes(data)
+            return self._publish(tmp, final, key, create=create, match=match)
+
+    def upload(self, key: str, path: Path) -> ObjectInfo:
+        final = self._path(key)
+        with self._temp(final) as tmp:
+            with open(path, "rb") as src, open(tmp, "wb") as dst:
+                while block := src.read(8 << 20):
+                    dst.write(block)
+            self._publish(tmp, final, key, create=True, match=None)
+        return self._info(key, os.stat(final))
+
+    def delete(self, key: str, *, match: str | None = None) -> None:
+        path = self._path(key)
+        if match is None:
+            path.unlink(missing_ok=True)
+            return
+        with _dir_lock(path.parent):
+            current = self.head(key)
+            if current is None or current.etag != match:
+                raise Stale(key)
+            path.unlink(missing_ok=True)
+
+    def abort_unfinished(self, prefix: str = "") -> list[str]:
+        """The temp files writes cut short left (kill -9), removed."""
+        left = [o.key for o in self.list(prefix) if re.fullmatch(r"\..+\.tmp", o.key.rsplit("/", 1)[-1])]
+        for key in left:
+            self._path(key).unlink(missing_ok=True)
+        return left
+
+
+@contextmanager
+def _dir_lock(folder: Path) -> Iterator[None]:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

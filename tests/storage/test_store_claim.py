@@ -1,0 +1,76 @@
+"""One writer per location on object storage (pipeline/core/storeclaim.py), on a real S3 server: a second claimant is
+refused naming the holder, a lease not renewed is taken over after its timeout (shortened here), and the holder that
+lost it neither passes its check nor writes over the new holder's lease."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.claim import ClaimLost, DirBusy
+from pipeline.core.stores import open_store
+from pipeline.core.storeclaim import StoreClaim
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = {"heartbeat_seconds": 0.3, "stale_seconds": 3.0}
+
+
+def test_a_second_claimant_is_refused_naming_the_holder(s3_url):
+    store = open_store(s3_url)
+    with StoreClaim(store, ".lock", **FAST) as first:
+        with pytest.raises(DirBusy, match=r"is in use by pid \d+ on host .* renewed \d+s ago"):
+            with StoreClaim(store, ".lock", **FAST):
+                pass
+        time.sleep(4 * FAST["heartbeat_seconds"])
+        first.check()  # renewed several times, still this holder's
+    lease = json.loads(store.get(".lock"))
+    assert lease["released"] is True and lease["token"] == first.token
+    with StoreClaim(store, ".lock", **FAST) as again:  # a released lease is taken at once
+        again.check()
+
+
+_HOLD = """
+import sys, time
+from pipeline.core.stores import open_store
+from pipeline.core.storeclaim import StoreClaim
+with StoreClaim(open_store(sys.argv[1]), ".lock", heartbeat_seconds=0.3, stale_seconds=3.0) as claim:
+    print(claim.token, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_lease_not_renewed_is_taken_over_after_its_timeout(s3_url, s3_env):
+    store = open_store(s3_url)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, s3_url], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        token = holder.stdout.readline().strip()
+        assert json.loads(store.get(".lock"))["token"] == token
+        with pytest.raises(DirBusy):
+            with StoreClaim(store, ".lock", **FAST):
+                pass
+    finally:
+        holder.kill()  # kill -9: the lease stays, unreleased, and ages
+        holder.wait()
+    started = time.monotonic()
+    with StoreClaim(store, ".lock", wait=True, **FAST) as taker:
+        waited = time.monotonic() - started
+        assert json.loads(store.get(".lock"))["token"] == taker.token
+    assert waited >= 1.0, f"took a fresh lease over after {waited:.1f}s"
+
+
+def test_the_holder_that_lost_its_lease_fails_its_check_and_leaves_the_new_one(s3_url):
+    store = open_store(s3_url)
+    old = StoreClaim(store, ".lock", **FAST).__enter__()
+    old._stop.set()  # a holder cut off from the store: it renews no more
+    old._beat.join()
+    with StoreClaim(store, ".lock", wait=True, **FAST) as new:
+        with pytest.raises(ClaimLost, match="no longer this run's"):
+            old.check()
+        old.__exit__(None, None, None)  # its release is refused: the lease is the new holder's version
+        lease = json.loads(store.get(".lock"))
+        assert lease["token"] == new.token and lease["released"] is False
+        new.check()

@@ -1,0 +1,35 @@
+"""A URL where a command takes a local path is refused in one line naming it, exit 2, nothing written: before, extract
+with `out_dir=s3://runs/r1` wrote the local directory `./s3:/runs/r1` and exited 0, and verify reported its problems
+"in s3:/runs/r1"."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+URL = "s3://runs/r1"
+COMMANDS = {
+    "extract out_dir": ["pipeline.extract", f"out_dir={URL}"],
+    "extract data.path": ["pipeline.extract", f"data.path={URL}/data.jsonl", "out_dir=run"],
+    "regenerate out_dir": ["pipeline.regenerate", f"out_dir={URL}"],
+    "verify": ["pipeline.verify", URL],
+    "export run": ["pipeline.export", URL, "--format", "speculators", "--out", "export"],
+    "export --out": ["pipeline.export", "run", "--format", "speculators", "--out", URL],
+    "doctor --run": ["pipeline.doctor", "--draft", "draft", "--serve", "vllm", "--run", URL],
+    "accept --export": ["pipeline.accept", "--draft", "draft", "--serve", "vllm", "--export", URL, "--prompts",
+                        "p.jsonl", "--out", "report"],
+}
+
+
+@pytest.mark.parametrize("case", COMMANDS)
+def test_a_url_is_refused_not_read_as_a_relative_path(case, tmp_path):
+    module, *args = COMMANDS[case]
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    said = done.stdout + done.stderr  # the Hydra jobs log their error line to stdout
+    lines = [line for line in said.splitlines() if "is a URL" in line]
+    assert done.returncode == 2, said[-2000:]
+    assert len(lines) == 1 and "'s3://runs/r1" in lines[0] and "Traceback" not in said, said[-2000:]
+    assert not (tmp_path / "s3:").exists()
+    assert not (tmp_path / "run").exists() and not (tmp_path / "export").exists()
