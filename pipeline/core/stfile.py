@@ -18,7 +18,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable, Mapping
+from typing import BinaryIO, Callable, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -157,6 +157,14 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     with open(path, "rb") as f:
         header_len = _header_length(f.read(8), file_bytes, path.name, "file")
         return _tensor_infos(f.read(header_len), 8 + header_len, path.name)
+
+
+def read_header_ranged(read: Callable[[int, int], bytes], size: int, where: str
+                       ) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """`read_header` of a file of `size` bytes read by ranges (`read(start, end)`: an object in a bucket): two
+    requests, the length then the header."""
+    header_len = _header_length(read(0, 8), size, where, "file")
+    return _tensor_infos(read(8, 8 + header_len), 8 + header_len, where)
 
 
 def _header_length(prefix: bytes, size: int, where: str, what: str) -> int:

@@ -14,6 +14,8 @@ from pipeline.core import jsonfile
 from pipeline.core.cli import UsageError
 from pipeline.core.io import write_text_atomic
 from pipeline.core.jsonfile import Fields
+from pipeline.core.storage import SCHEME
+from pipeline.core.stores import open_store
 from pipeline.shards import formats, layout
 
 REQUIRED_KEYS = ("format_version", "points", "hidden_size", "dtype", "shards", "num_samples", "num_tokens")
@@ -43,7 +45,7 @@ def write_manifest(run_dir: Path, manifest: Mapping[str, Any]) -> Path:
     return path
 
 
-def _check_types(manifest: dict[str, Any], path: Path) -> None:
+def _check_types(manifest: dict[str, Any], path: Path | str) -> None:
     """The fields the verifier, the reader, the exporters and the doctor take apart, each of its JSON type (their
     values are verify's to judge); ManifestError names the field."""
     fields = Fields(manifest, file=f"manifest {path}", error=ManifestError)
@@ -68,15 +70,11 @@ def _check_types(manifest: dict[str, Any], path: Path) -> None:
             model.str(key, optional=True)
 
 
-def read_manifest(run_dir: Path) -> dict[str, Any]:
+def read_manifest(run_dir: Path | str) -> dict[str, Any]:
     """The parsed manifest (bounded: `MAX_BYTES`, nesting `MAX_DEPTH`), every field readers take apart of its type;
-    ManifestError says whether it is missing (unfinished run), corrupt or which field is wrong."""
-    path = manifest_path(run_dir)
-    if not Path(run_dir).is_dir():
-        raise ManifestError(f"run directory {run_dir} does not exist")
-    if not path.is_file():
-        raise ManifestError(f"unfinished run: {path} does not exist (the manifest is written last)")
-    manifest = jsonfile.read(path, ManifestError, prefix="manifest ", max_bytes=MAX_BYTES)
+    ManifestError says whether it is missing (unfinished run), corrupt or which field is wrong. `run_dir` may be an
+    `s3://bucket/prefix` URL (a string)."""
+    manifest, path = _load(run_dir)
     if not isinstance(manifest, dict):
         raise ManifestError(f"manifest {path} holds a JSON {type(manifest).__name__}, not an object")
     missing = [key for key in REQUIRED_KEYS if key not in manifest]
@@ -87,6 +85,24 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         return formats.read(manifest)
     except formats.FormatError as exc:
         raise ManifestError(f"manifest {path}: {exc}") from None
+
+
+def _load(run_dir: Path | str) -> tuple[Any, Path | str]:
+    """The manifest's JSON value and where it was read."""
+    if isinstance(run_dir, str) and SCHEME.match(run_dir):
+        store = open_store(run_dir)
+        where = f"{store.url}/{layout.MANIFEST_NAME}"
+        try:
+            raw = store.get(layout.MANIFEST_NAME, 0, MAX_BYTES + 1)
+        except FileNotFoundError:
+            raise ManifestError(f"unfinished run: {where} does not exist (the manifest is written last)") from None
+        return jsonfile.parse(raw, ManifestError, where=f"manifest {where}", max_bytes=MAX_BYTES), where
+    path = manifest_path(run_dir)
+    if not Path(run_dir).is_dir():
+        raise ManifestError(f"run directory {run_dir} does not exist")
+    if not path.is_file():
+        raise ManifestError(f"unfinished run: {path} does not exist (the manifest is written last)")
+    return jsonfile.read(path, ManifestError, prefix="manifest ", max_bytes=MAX_BYTES), path
 
 
 def is_finished(run_dir: Path) -> bool:

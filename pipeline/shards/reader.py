@@ -1,4 +1,4 @@
-"""Random access to a finished run by sample id, reading only that sample's rows.
+"""Random access to a finished run by sample id, reading only that sample's rows, on disk or in a bucket (`s3://`).
 
 The id -> (shard, offset, length) index comes from the small Parquet files; tensors come from the safetensors files
 through `safe_open(..., framework="pt")` + `get_slice`, which memory-maps the file and copies out only the rows
@@ -11,12 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from safetensors import safe_open
 
 from pipeline.core.jsonfile import parse
+from pipeline.core.storage import SCHEME
+from pipeline.core.stores import open_store
 from pipeline.shards import layout
 from pipeline.shards.manifest import read_manifest
+from pipeline.shards.ranged import RangedShard
 from pipeline.shards.formats import shard_storage
 from pipeline.shards.storage import of_manifest
 from pipeline.shards.writer import ShardEntry
@@ -39,25 +43,29 @@ def _file_of(entry: ShardEntry, suffix: str) -> str:
 class RunReader:
     """Read samples of a finished run directory. Use as a context manager, or call `close()`."""
 
-    def __init__(self, run_dir: Path, *, decode: bool = True) -> None:
-        """decode=False: hidden states as stored (fp8 states then come with their `hidden_scales` [T, P])."""
-        self.run_dir = Path(run_dir)
+    def __init__(self, run_dir: Path | str, *, decode: bool = True) -> None:
+        """decode=False: hidden states as stored (fp8 states then come with their `hidden_scales` [T, P]).
+        `run_dir` may be an `s3://bucket/prefix` URL (a string): samples are then read by ranges, a sample at a
+        time (pipeline/shards/ranged.py)."""
+        self.store = open_store(run_dir) if isinstance(run_dir, str) and SCHEME.match(run_dir) else None
+        self.run_dir = run_dir if self.store is not None else Path(run_dir)
         self.manifest = read_manifest(self.run_dir)
         self.points: list[str] = list(self.manifest["points"])
         self.storage = of_manifest(self.manifest)
         self.decode = decode
         self.entries = [ShardEntry.from_dict(e) for e in self.manifest["shards"]]
-        self._tensor_files = [self.run_dir / _file_of(e, layout.SHARD_SUFFIXES["safetensors"]) for e in self.entries]
+        self._tensor_keys = [_file_of(e, layout.SHARD_SUFFIXES["safetensors"]) for e in self.entries]
         self._index: dict[str, _Location] = {}
         for shard, entry in enumerate(self.entries):
-            self._index_shard(shard, self.run_dir / _file_of(entry, layout.SHARD_SUFFIXES["parquet"]))
+            self._index_shard(shard, _file_of(entry, layout.SHARD_SUFFIXES["parquet"]))
         self._handles: dict[int, Any] = {}
 
-    def _index_shard(self, shard: int, parquet: Path) -> None:
-        table = pq.read_table(parquet, columns=["sample_id", "offset", "num_tokens"]).to_pydict()
+    def _index_shard(self, shard: int, parquet: str) -> None:
+        source = pa.BufferReader(self.store.get(parquet)) if self.store is not None else self.run_dir / parquet
+        table = pq.read_table(source, columns=["sample_id", "offset", "num_tokens"]).to_pydict()
         for sample_id, offset, num_tokens in zip(table["sample_id"], table["offset"], table["num_tokens"]):
             if sample_id in self._index:
-                raise ValueError(f"sample_id {sample_id!r} appears twice (second time in {parquet.name})")
+                raise ValueError(f"sample_id {sample_id!r} appears twice (second time in {Path(parquet).name})")
             self._index[sample_id] = _Location(shard=shard, offset=offset, num_tokens=num_tokens)
 
     def __len__(self) -> int:
@@ -73,15 +81,19 @@ class RunReader:
 
     def _handle(self, shard: int) -> Any:
         if shard not in self._handles:
-            handle = safe_open(str(self._tensor_files[shard]), framework="pt")
+            key, name = self._tensor_keys[shard], Path(self._tensor_keys[shard]).name
+            if self.store is not None:
+                handle = RangedShard(self.store, key, self.entries[shard].files[key]["bytes"])
+            else:
+                handle = safe_open(str(self.run_dir / key), framework="pt")
             stored = parse(handle.metadata()[layout.META_POINTS], ValueError,
-                           where=f"{self._tensor_files[shard].name}: metadata {layout.META_POINTS}")
+                           where=f"{name}: metadata {layout.META_POINTS}")
             if stored != self.points:
-                raise ValueError(f"{self._tensor_files[shard].name}: points {stored} != manifest {self.points}")
+                raise ValueError(f"{name}: points {stored} != manifest {self.points}")
             found = shard_storage(handle.metadata().get(layout.META_STORAGE), self.manifest["format_version"],
                                   self.storage)
             if found != self.storage:
-                raise ValueError(f"{self._tensor_files[shard].name}: storage {found} != manifest {self.storage}")
+                raise ValueError(f"{name}: storage {found} != manifest {self.storage}")
             self._handles[shard] = handle
         return self._handles[shard]
 
@@ -129,8 +141,10 @@ class RunReader:
         return self._location(sample_id).shard
 
     def tensor_file(self, shard: int) -> Path:
-        """The safetensors file of one shard (position in the manifest's shard list)."""
-        return self._tensor_files[shard]
+        """The safetensors file of one shard (position in the manifest's shard list) of a local run."""
+        if self.store is not None:
+            raise ValueError(f"{self.run_dir} is in object storage: its shards are read by ranges, not as files")
+        return self.run_dir / self._tensor_keys[shard]
 
     def release(self, shard: int) -> None:
         """Unmap one shard's file (it is mapped again when next read)."""
