@@ -16,6 +16,7 @@ a time per process (a trainer's data loader worker), so resident memory stays bo
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -149,7 +150,9 @@ class RunStates:
             reader.release(self._shard)  # one shard mapped at a time
         self._shard = shard
         where = f"sample {index} ({sample_id}) in {reader.tensor_file(shard)}"
-        states = reader.hidden_states(sample_id, self.span)
+        finite = [True]
+        blockwise = self.within is None and self.unnorm is None  # the slots as read: checked block by block, in cache
+        states = reader.hidden_states(sample_id, self.span, partial(_finite_block, finite) if blockwise else None)
         if self.within is not None:
             states = states.index_select(1, self.within)
         if self.unnorm is not None:  # the last slot is final_norm, divided by the norm's weight
@@ -157,11 +160,13 @@ class RunStates:
                 states = self.unnorm.apply(states, states.shape[1] - 1, sample_id)
             except ExportError as exc:
                 raise RunStatesError(f"{where}: {exc}") from None
+        if not blockwise:
+            _finite_block(finite, states, 0)
         ids = reader.tokens(sample_id)["input_ids"]
-        self._check(where, index, states, ids)
+        self._check(where, index, states, ids, finite=finite[0])
         return {"hidden_states": states, "token_ids": ids.to(torch.int64)}
 
-    def _check(self, where: str, index: int, states: torch.Tensor, ids: torch.Tensor) -> None:
+    def _check(self, where: str, index: int, states: torch.Tensor, ids: torch.Tensor, *, finite: bool) -> None:
         row = self._table.column("input_ids")[index].values.to_numpy(zero_copy_only=False)
         expected = torch.from_numpy(row.copy())  # the mapping is read-only
         shape = (len(expected), len(self.indices), int(self.sidecar["hidden_size"]))
@@ -172,9 +177,16 @@ class RunStates:
             first = int((ids.to(torch.int64) != expected).nonzero()[0])
             raise RunStatesError(f"{where}: token ids differ from the export's dataset row {index} (first at token "
                                  f"{first}): the run is not the one the export was made from")
-        low, high = torch.aminmax(states)  # NaN and inf reach the extremes; an order faster than isfinite on bf16
-        if not (bool(torch.isfinite(low)) and bool(torch.isfinite(high))):
+        if not finite:
             finite = torch.isfinite(states)
             token, slot = (int(v) for v in (~finite).nonzero()[0][:2])
             raise RunStatesError(f"{where}: {int((~finite).sum())} non-finite value(s), first at token {token}, slot "
                                  f"{slot} ({self.sidecar['slots'][slot]['point']})")
+
+
+def _finite_block(finite: list[bool], block: torch.Tensor, first_token: int) -> None:
+    """finite[0] turns False when `block` holds a NaN or an infinity (they reach aminmax's extremes; an order faster
+    than isfinite on bf16)."""
+    if finite[0] and block.numel():
+        low, high = torch.aminmax(block)
+        finite[0] = bool(torch.isfinite(low)) and bool(torch.isfinite(high))

@@ -20,6 +20,8 @@ from tests.exports.conftest import cli, extract
 from tests.helpers.trainers import SPECULATORS_PYTHON, speculators_train
 
 from pipeline.exports.run_states import RunStates, RunStatesError
+from pipeline.shards import reader as reader_module
+from pipeline.shards.reader import RunReader
 from pipeline.trainers.speculators import BACKEND, prepared_argv
 
 pytestmark = pytest.mark.integration
@@ -172,15 +174,24 @@ def test_the_trainer_stops_in_one_line_on_a_changed_run(own_run, models_root, tm
     assert "is not the manifest" in done.stderr and not (tmp_path / "ckpt").exists()
 
 
-def test_a_non_finite_state_is_raised_naming_the_sample_and_the_shard(own_run):
+@pytest.mark.parametrize("block_bytes", [None, 1], ids=["one block", "a block per token"])
+def test_a_non_finite_state_is_raised_naming_the_sample_and_the_shard(own_run, block_bytes, monkeypatch):
     run, ref = own_run
     shard = _tensor_file(run, 0)
-    _overwrite_keeping_mtime(shard, "hidden_states", 0, b"\xc0\x7f")  # bf16 NaN at token 0 of sample 0, point b1
+    with RunReader(run) as reader:
+        tokens = len(reader.tokens(reader.sample_ids[0])["input_ids"])
+        width = len(reader.points) * reader.manifest["hidden_size"]
+    token = 0
+    if block_bytes is not None:  # the sample checked a token at a time as it is read: its last token's block too
+        monkeypatch.setattr(reader_module, "BLOCK_BYTES", block_bytes)
+        token = tokens - 1
+    _overwrite_keeping_mtime(shard, "hidden_states", token * width, b"\xc0\x7f")  # bf16 NaN in sample 0, point b1
     states = RunStates(ref)
     states.check()  # size and mtime kept: only the arrival check can see it
     with pytest.raises(RunStatesError, match=rf"sample 0 \(.*\) in {re.escape(str(shard))}: 1 non-finite value\(s\), "
-                                             r"first at token 0, slot 0 \(b1\)"):
+                                             rf"first at token {token}, slot 0 \(b1\)"):
         states.sample(0)
+    assert states.within is None and states.unnorm is None  # the slots as read: the block-wise check ran
     assert states.sample(1)["hidden_states"].isfinite().all()  # the others still read
 
 
