@@ -1,0 +1,22 @@
+"""bench/s3_io.py (uploads through the store against boto3's own, samples read by range from a bucket against from
+disk, on SeaweedFS) runs end to end at its smallest size, so the figures in bench/README.md can be remade; its memory
+bound is checked (a size, not a timing)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from tests.helpers import REPO
+
+
+def test_the_s3_bench_runs_and_the_upload_memory_stays_bounded():
+    done = subprocess.run([sys.executable, "bench/s3_io.py", "--mb", "160", "--tokens", "2048", "--repeats", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    found = re.fullmatch(r"s3_io: upload_ratio=([\d.]+) peak_mb=(\d+) bound_mb=(\d+) read_ratio=([\d.]+)", last)
+    assert found, done.stdout
+    upload, peak, bound, read = map(float, found.groups())
+    assert upload > 0 and read > 0  # rates, measured; their goals live in the bench's figures, not in a timed test
+    assert peak <= bound * 1.25, f"a 160 MB upload grew the process by {peak} MB; parts in flight are {bound} MB"
