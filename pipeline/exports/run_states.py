@@ -16,7 +16,6 @@ a time per process (a trainer's data loader worker), so resident memory stays bo
 from __future__ import annotations
 
 import os
-from functools import partial
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -33,6 +32,7 @@ from pipeline.shards import layout as shard_layout
 from pipeline.shards.reader import RunReader
 from pipeline.shards.verify import verify_run
 
+FINITE_BLOCK_BYTES = 4 << 20  # the finite check's blocks of tokens (_finite)
 SIDECAR = "export.json"  # pipeline.exports.sidecar.SIDECAR (imported there from here would be a cycle)
 
 
@@ -150,9 +150,7 @@ class RunStates:
             reader.release(self._shard)  # one shard mapped at a time
         self._shard = shard
         where = f"sample {index} ({sample_id}) in {reader.tensor_file(shard)}"
-        finite = [True]
-        blockwise = self.within is None and self.unnorm is None  # the slots as read: checked block by block, in cache
-        states = reader.hidden_states(sample_id, self.span, partial(_finite_block, finite) if blockwise else None)
+        states = reader.hidden_states(sample_id, self.span)
         if self.within is not None:
             states = states.index_select(1, self.within)
         if self.unnorm is not None:  # the last slot is final_norm, divided by the norm's weight
@@ -160,13 +158,11 @@ class RunStates:
                 states = self.unnorm.apply(states, states.shape[1] - 1, sample_id)
             except ExportError as exc:
                 raise RunStatesError(f"{where}: {exc}") from None
-        if not blockwise:
-            _finite_block(finite, states, 0)
         ids = reader.tokens(sample_id)["input_ids"]
-        self._check(where, index, states, ids, finite=finite[0])
+        self._check(where, index, states, ids)
         return {"hidden_states": states, "token_ids": ids.to(torch.int64)}
 
-    def _check(self, where: str, index: int, states: torch.Tensor, ids: torch.Tensor, *, finite: bool) -> None:
+    def _check(self, where: str, index: int, states: torch.Tensor, ids: torch.Tensor) -> None:
         row = self._table.column("input_ids")[index].values.to_numpy(zero_copy_only=False)
         expected = torch.from_numpy(row.copy())  # the mapping is read-only
         shape = (len(expected), len(self.indices), int(self.sidecar["hidden_size"]))
@@ -177,16 +173,20 @@ class RunStates:
             first = int((ids.to(torch.int64) != expected).nonzero()[0])
             raise RunStatesError(f"{where}: token ids differ from the export's dataset row {index} (first at token "
                                  f"{first}): the run is not the one the export was made from")
-        if not finite:
+        if not _finite(states):
             finite = torch.isfinite(states)
             token, slot = (int(v) for v in (~finite).nonzero()[0][:2])
             raise RunStatesError(f"{where}: {int((~finite).sum())} non-finite value(s), first at token {token}, slot "
                                  f"{slot} ({self.sidecar['slots'][slot]['point']})")
 
 
-def _finite_block(finite: list[bool], block: torch.Tensor, first_token: int) -> None:
-    """finite[0] turns False when `block` holds a NaN or an infinity (they reach aminmax's extremes; an order faster
-    than isfinite on bf16)."""
-    if finite[0] and block.numel():
-        low, high = torch.aminmax(block)
-        finite[0] = bool(torch.isfinite(low)) and bool(torch.isfinite(high))
+def _finite(states: torch.Tensor) -> bool:
+    """No NaN and no infinity in `states` (they reach aminmax's extremes; an order faster than isfinite on bf16). The
+    tensor is the run's mapping, strided where the slots skip a point: reduced whole, a strided bf16 tensor costs half
+    a trainer's own pass over it, reduced in blocks of a few MB each block runs at memory speed (bench/one_copy.py)."""
+    step = max(1, FINITE_BLOCK_BYTES // max(1, states[:1].numel() * states.element_size()))
+    for start in range(0, len(states), step):
+        low, high = torch.aminmax(states[start:start + step])
+        if not (bool(torch.isfinite(low)) and bool(torch.isfinite(high))):
+            return False
+    return True

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 from safetensors import safe_open
 
 from pipeline.core.jsonfile import parse
@@ -25,9 +24,6 @@ from pipeline.shards.ranged import RangedShard
 from pipeline.shards.formats import shard_storage
 from pipeline.shards.storage import of_manifest
 from pipeline.shards.writer import ShardEntry
-
-
-BLOCK_BYTES = 1 << 20  # hidden_states' blocks for a check: well inside a core's L2 cache with their copy beside them
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,27 +119,12 @@ class RunReader:
             out["hidden_scales"] = scales
         return out
 
-    def hidden_states(self, sample_id: str, points: slice,
-                      each_block: Callable[[torch.Tensor, int], None] | None = None) -> torch.Tensor:
+    def hidden_states(self, sample_id: str, points: slice) -> Any:
         """[T, P', H] of one sample in the capture dtype, reading only the points in `points` (a step-1 slice of the
-        run's points): a trainer's slots without the points it does not read. `each_block(block, first_token)` sees
-        the sample in blocks of tokens (about BLOCK_BYTES each) while each is still in the CPU's cache: a check there
-        costs no second pass over memory."""
+        run's points): a trainer's slots without the points it does not read."""
         loc = self._location(sample_id)
         handle = self._handle(loc.shard)
-        if each_block is None:
-            return self._decoded(handle, slice(loc.offset, loc.offset + loc.num_tokens), points)
-        first = self._decoded(handle, slice(loc.offset, loc.offset + min(1, loc.num_tokens)), points)
-        out = torch.empty((loc.num_tokens, *first.shape[1:]), dtype=first.dtype)
-        step = max(1, BLOCK_BYTES // max(1, first[:1].nbytes))
-        for start in range(0, loc.num_tokens, step):
-            block = self._decoded(handle, slice(loc.offset + start, loc.offset + min(loc.num_tokens, start + step)),
-                                  points)
-            each_block(block, start)
-            out[start:start + len(block)] = block
-        return out
-
-    def _decoded(self, handle: Any, rows: slice, points: slice) -> torch.Tensor:
+        rows = slice(loc.offset, loc.offset + loc.num_tokens)
         stored = handle.get_slice(layout.HIDDEN_STATES)[rows, points]
         scales = handle.get_slice(layout.HIDDEN_SCALES)[rows, points] if self.storage.scaled else None
         return self.storage.decode(stored, scales)
