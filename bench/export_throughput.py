@@ -35,7 +35,10 @@ def build_run(run: Path, num_tokens: int, hidden_size: int) -> int:
     from pipeline.core.contracts import Capture
     from pipeline.shards import layout
     from pipeline.shards.manifest import write_manifest
+    from pipeline.provenance import digest
+    from pipeline.shards.layout import PREPARE_REJECTS, REJECTS_DIR
     from pipeline.shards.plan import plan_units
+    from pipeline.shards.storage import run_record
     from pipeline.shards.writer import write_shard
 
     samples = synthetic_samples(num_tokens, vocab=150_000)
@@ -45,12 +48,18 @@ def build_run(run: Path, num_tokens: int, hidden_size: int) -> int:
                              hidden_states_TPH=torch.randn(s.num_tokens, len(POINTS), hidden_size).to(torch.bfloat16)))
                  for s in unit]
         entries.append(write_shard(run, index, items, points=POINTS, metadata={"engine": "bench"}))
-    write_manifest(run, {
+    tokens = sum(e.num_tokens for e in entries)
+    prov = {"model": {"model_type": "llama", "num_layers": NUM_LAYERS}}
+    shard_bytes = sum(f["bytes"] for e in entries for f in e.files.values())
+    write_manifest(run, {  # every key format 3 requires (bench/one_copy.py's synthetic run writes the same)
         "format_version": layout.FORMAT_VERSION, "points": POINTS, "hidden_size": hidden_size, "dtype": "bfloat16",
         "shards": [e.to_dict() for e in entries], "num_samples": sum(e.num_samples for e in entries),
-        "num_tokens": sum(e.num_tokens for e in entries),
-        "provenance": {"model": {"model_type": "llama", "num_layers": NUM_LAYERS}}})
-    return sum(f["bytes"] for e in entries for f in e.files.values())
+        "num_tokens": tokens, "num_loss_tokens": sum(e.num_loss_tokens for e in entries), "num_truncated": 0,
+        "storage": run_record([e.storage for e in entries], POINTS, hidden_size=hidden_size, num_tokens=tokens,
+                              shard_bytes=shard_bytes),
+        "rejects": {"total": 0, "by_reason": {}, "files": [PREPARE_REJECTS, f"{REJECTS_DIR}/"]},
+        "provenance": prov, "provenance_digest": digest(prov)})
+    return shard_bytes
 
 
 def raw_copy(run: Path, dest: Path) -> float:
