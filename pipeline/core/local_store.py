@@ -15,6 +15,7 @@ from pipeline.core.faults import fault_point
 from pipeline.core.io import FILE_MODE
 from pipeline.core.storage import Exists, ObjectInfo, Stale
 
+_TEMP = re.compile(r"\..+\.tmp")  # a write's temp file (_temp)
 
 class LocalStore:
     """A directory as a store: create-only writes are a hard link of a finished temp file (the link fails when the
@@ -47,12 +48,19 @@ class LocalStore:
             return None
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """The finished files under `prefix` (a write's temp file is no object, as an S3 upload in flight is none)."""
+        return [info for info in self._walk(prefix) if not _TEMP.fullmatch(info.key.rsplit("/", 1)[-1])]
+
+    def _walk(self, prefix: str) -> list[ObjectInfo]:
         found = []
         for folder, _, files in os.walk(self.root):
             for name in files:
                 key = os.path.relpath(os.path.join(folder, name), self.root).replace(os.sep, "/")
                 if key.startswith(prefix):
-                    found.append(self._info(key, os.stat(os.path.join(folder, name))))
+                    try:
+                        found.append(self._info(key, os.stat(os.path.join(folder, name))))
+                    except FileNotFoundError:  # removed since the walk saw it (a temp file renamed)
+                        pass
         return sorted(found, key=lambda o: o.key)
 
     @contextmanager
@@ -69,6 +77,7 @@ class LocalStore:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, FILE_MODE)
+        etag = self._info(key, os.stat(tmp)).etag  # the link and the rename keep inode, size and mtime: this version
         fault_point("write", final.name)
         if create:
             try:
@@ -84,7 +93,7 @@ class LocalStore:
         else:
             os.replace(tmp, final)
         fault_point("rename", final.name)
-        return self._info(key, os.stat(final)).etag
+        return etag
 
     def put(self, key: str, data: bytes, *, create: bool = False, match: str | None = None) -> str:
         final = self._path(key)
@@ -114,7 +123,7 @@ class LocalStore:
 
     def abort_unfinished(self, prefix: str = "") -> list[str]:
         """The temp files writes cut short left (kill -9), removed."""
-        left = [o.key for o in self.list(prefix) if re.fullmatch(r"\..+\.tmp", o.key.rsplit("/", 1)[-1])]
+        left = [o.key for o in self._walk(prefix) if _TEMP.fullmatch(o.key.rsplit("/", 1)[-1])]
         for key in left:
             self._path(key).unlink(missing_ok=True)
         return left

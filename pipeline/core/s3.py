@@ -9,12 +9,15 @@ profiles, `AWS_ENDPOINT_URL`) or an explicit endpoint; no message here carries a
 """
 from __future__ import annotations
 
+import base64
 import email.utils
 import errno
 import hashlib
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
+import zlib
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -36,9 +39,18 @@ def split_url(url: str) -> tuple[str, str]:
     """`s3://bucket/some/prefix` -> ("bucket", "some/prefix")."""
     parts = urlsplit(url)
     bucket, prefix = parts.netloc, parts.path.strip("/")
-    if not bucket or parts.query or parts.fragment or "@" in bucket:
+    if "@" in bucket:  # credentials written into the URL: never echoed
+        raise StorageError(f"s3://<credentials>@{bucket.rsplit('@', 1)[1]}/{prefix}: credentials do not go in the "
+                           f"URL (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)")
+    if not bucket or parts.query or parts.fragment:
         raise StorageError(f"{url!r} is not an s3://bucket/prefix URL")
     return bucket, prefix
+
+
+def _part(number: int, reply: dict) -> dict:
+    """A part as CompleteMultipartUpload lists it: its number, ETag and, where S3 gave one, its CRC32."""
+    return {"PartNumber": number, "ETag": reply["ETag"],
+            **({"ChecksumCRC32": reply["ChecksumCRC32"]} if reply.get("ChecksumCRC32") else {})}
 
 
 def _retried(e: Stale) -> bool:
@@ -65,8 +77,11 @@ class S3Store:
                 "s3", endpoint_url=endpoint or None,
                 config=Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10, read_timeout=120,
                               max_pool_connections=2 * UPLOAD_THREADS))
-        except botocore.exceptions.BotoCoreError as e:  # a malformed endpoint, a profile that does not exist
+        except botocore.exceptions.BotoCoreError as e:  # a profile that does not exist
             raise StorageError(f"{self.url}: {type(e).__name__}: {e}") from None
+        except ValueError:  # botocore's "Invalid endpoint: <the URL as given>" would show its userinfo
+            raise StorageError(f"{self.url}: the endpoint {self.endpoint} is not a valid URL") from None
+        self._bucket_seen = False
 
     def _key(self, key: str) -> str:
         if not key or key.startswith("/") or ".." in key.split("/"):
@@ -84,9 +99,13 @@ class S3Store:
         except botocore.exceptions.ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
             status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if code in ("PreconditionFailed", "412") or status == 412:
-                # retried: the first try may have succeeded, its reply lost (then the object is this write's)
-                raise Stale(key, e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0) from None
+            retried = e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict") or status in (409, 412):
+                # retried: the first try may have succeeded, its reply lost (then the object is this write's); 409:
+                # a conflicting conditional write was in flight, which this one did not win
+                raise Stale(key, retried) from None
+            if "IfMatch" in kw and code in ("NoSuchKey", "404"):  # AWS: no version to match, the object is gone
+                raise Stale(key, retried) from None
             if code == "NoSuchBucket":
                 raise StorageError(f"{where}: the bucket {self.bucket!r} does not exist at {self.endpoint}") from None
             if code in _CREDENTIALS or status == 403:
@@ -114,9 +133,9 @@ class S3Store:
         """Seconds since the object's LastModified by the server's own clock (its Date header): no host's clock
         skew makes a live lease look stale."""
         date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
-        now = email.utils.parsedate_to_datetime(date) if date else None
+        now = email.utils.parsedate_to_datetime(date) if date else datetime.now(timezone.utc)  # a server without one
         modified = response.get("LastModified")
-        return max(0.0, (now - modified).total_seconds()) if now and modified else 0.0
+        return max(0.0, (now - modified).total_seconds()) if modified else 0.0
 
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         if end is not None and end <= start:
@@ -130,6 +149,9 @@ class S3Store:
         try:
             r = self._call("head_object", key, Key=self._key(key))
         except FileNotFoundError:
+            if not self._bucket_seen:  # a HEAD's 404 has no body: no such key, or no such bucket
+                self.check()
+                self._bucket_seen = True
             return None
         return ObjectInfo(key=key, size=r["ContentLength"], etag=r["ETag"], age=self._age(r))
 
@@ -189,28 +211,39 @@ class S3Store:
 
         def send(n: int) -> dict:
             if n in kept:
-                return {"PartNumber": n, "ETag": kept[n]}
+                return kept[n]
             with open(path, "rb") as f:
                 f.seek((n - 1) * part)
                 data = f.read(part)
-            r = self._call("upload_part", key, Key=full, UploadId=upload_id, PartNumber=n, Body=data)
+            r = self._call("upload_part", key, Key=full, UploadId=upload_id, PartNumber=n, Body=data,
+                           ChecksumAlgorithm="CRC32")
             fault_point("part", name)
-            return {"PartNumber": n, "ETag": r["ETag"]}
+            return _part(n, r)
 
         with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
-            parts = list(pool.map(send, range(1, count + 1)))
+            futures = [pool.submit(send, n) for n in range(1, count + 1)]
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            failed = next((f.exception() for f in done if f.exception() is not None), None)
+            if failed is not None:  # the parts not yet sent are not sent: the upload resumes from the sent ones
+                pool.shutdown(cancel_futures=True)
+                raise failed
+            parts = [f.result() for f in futures]
         fault_point("write", name)
+        digests = b"".join(bytes.fromhex(p["ETag"].strip('"')) for p in parts)
+        composite = f'"{hashlib.md5(digests).hexdigest()}-{len(parts)}"'  # the ETag S3 gives the completed object
         try:
             self._call("complete_multipart_upload", key, Key=full, UploadId=upload_id, IfNoneMatch="*",
                        MultipartUpload={"Parts": parts})
         except Stale as e:
-            digests = b"".join(bytes.fromhex(p["ETag"].strip('"')) for p in parts)
-            if not _retried(e) or self._holds(key, f'"{hashlib.md5(digests).hexdigest()}-{len(parts)}"') is None:
+            if not _retried(e) or self._holds(key, composite) is None:
                 self._abort(key, full, upload_id)
                 raise Exists(key) from None
+        except FileNotFoundError:  # NoSuchUpload: a retry after the completion itself succeeded, its reply lost
+            if self._holds(key, composite) is None:
+                raise
         fault_point("rename", name)
 
-    def _resumable(self, key: str, path: Path, part: int) -> tuple[str, dict[int, str]]:
+    def _resumable(self, key: str, path: Path, part: int) -> tuple[str, dict[int, dict]]:
         """The upload to continue for `key` and its parts whose bytes equal the file's (by MD5, the part's ETag), or a
         new upload; other unfinished uploads of the key are aborted."""
         full = self._key(key)
@@ -218,7 +251,9 @@ class S3Store:
         for stale in uploads[:-1]:
             self._abort(key, full, stale["UploadId"])
         if not uploads:
-            return self._call("create_multipart_upload", key, Key=full)["UploadId"], {}
+            # CRC32 per part, declared at creation and listed at completion, as boto3's own managed upload does: S3
+            # checks every part's bytes on arrival
+            return self._call("create_multipart_upload", key, Key=full, ChecksumAlgorithm="CRC32")["UploadId"], {}
         upload_id, kept = uploads[-1]["UploadId"], {}
         marker: dict = {}
         with open(path, "rb") as f:
@@ -228,7 +263,9 @@ class S3Store:
                     f.seek((p["PartNumber"] - 1) * part)
                     data = f.read(part)
                     if len(data) == p["Size"] and f'"{hashlib.md5(data).hexdigest()}"' == p["ETag"]:
-                        kept[p["PartNumber"]] = p["ETag"]
+                        # the part's CRC32 from its bytes: not every server lists it (SeaweedFS does not)
+                        crc = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+                        kept[p["PartNumber"]] = _part(p["PartNumber"], {"ChecksumCRC32": crc, **p})
                 if not page.get("IsTruncated"):
                     return upload_id, kept
                 marker = {"PartNumberMarker": page["NextPartNumberMarker"]}

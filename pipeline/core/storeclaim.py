@@ -85,8 +85,8 @@ class StoreClaim:
         lease, info = self._current()
         if info is None:
             return False  # released and removed meanwhile: try again
-        if lease is not None and not lease.released and info.age < self.stale_seconds:
-            self._busy(lease, info)
+        if (lease is None or not lease.released) and info.age < self.stale_seconds:
+            self._busy(lease, info)  # an object that is no lease this code reads (a newer version's) ages out too
             return False
         try:
             self._etag = self.store.put(self.key, self._data(), match=info.etag)
@@ -96,8 +96,9 @@ class StoreClaim:
             log.warning("%s: taking over the lease of %s, not renewed for %.0fs", self.where, lease.holder(), info.age)
         return True
 
-    def _busy(self, lease: Lease, info: ObjectInfo) -> None:
-        holder = f"pid {lease.pid} on host {lease.host} (since {lease.started_utc}, renewed {info.age:.0f}s ago)"
+    def _busy(self, lease: Lease | None, info: ObjectInfo) -> None:
+        holder = f"pid {lease.pid} on host {lease.host} (since {lease.started_utc}, renewed {info.age:.0f}s ago)" \
+            if lease is not None else f"a lease this version cannot read (written {info.age:.0f}s ago)"
         if not self.wait:
             raise self.busy_error(self.refusal(holder))
         log.warning("%s", self.waiting(holder))
@@ -108,10 +109,20 @@ class StoreClaim:
                 self._lease = replace(self._lease, heartbeat=time.time())
                 self._etag = self.store.put(self.key, self._data(), match=self._etag)
             except Stale:
+                if self._adopt():  # an earlier renewal landed though its replies were lost
+                    continue
                 log.error("%s was taken over; this process stops before its next unit", self.where)
                 return
             except Exception as e:  # a store that fails for a while: the writers' own requests will say more
                 log.warning("%s: could not renew the lease: %s", self.where, e)
+
+    def _adopt(self) -> bool:
+        """The lease's current version, when it still carries this claim's token."""
+        lease, info = self._current()
+        if lease is None or info is None or lease.token != self.token or lease.released:
+            return False
+        self._etag = info.etag
+        return True
 
     def check(self, then: str = "stopped before finishing another unit") -> None:
         """ClaimLost unless the lease still carries this claim's token."""

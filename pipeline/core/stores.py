@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 from pipeline.core.local_store import LocalStore
-from pipeline.core.storage import SCHEME, Store, StorageError
+from pipeline.core.storage import SCHEME, Store, StorageError, is_url
 
 
 def open_store(location: str | os.PathLike, *, endpoint: str | None = None) -> Store:
@@ -13,6 +13,8 @@ def open_store(location: str | os.PathLike, *, endpoint: str | None = None) -> S
     else a local directory."""
     match = SCHEME.match(str(location))
     if match is None:
+        if is_url(location):  # Path("s3://b/r") is s3:/b/r: a URL already read as a path
+            raise StorageError(f"{str(location)!r} is a URL read as a path; give it as a string")
         return LocalStore(Path(location))
     if match.group(1).lower() != "s3":
         raise StorageError(f"{str(location)!r}: object storage is read as s3://bucket/prefix; the scheme "

@@ -19,8 +19,14 @@ class RangedShard:
         self.where = f"{store.url}/{key}"
         self.infos, self._metadata = read_header_ranged(lambda a, b: store.get(key, a, b), size, self.where)
         for name, info in self.infos.items():
+            if info.dtype_code not in CODE_DTYPES:
+                raise ValueError(f"{self.where}: tensor {name} has dtype {info.dtype_code!r}, none a run stores")
             if info.end > size or info.start > info.end:
                 raise ValueError(f"{self.where}: tensor {name} lies outside the file's {size} bytes")
+            need = math.prod(info.shape) * CODE_DTYPES[info.dtype_code].itemsize
+            if info.end - info.start != need:
+                raise ValueError(f"{self.where}: tensor {name} spans {info.end - info.start} bytes, its shape "
+                                 f"{list(info.shape)} needs {need}")
         self.bytes_read = 0  # of tensor data, for the tests and the bench
 
     def metadata(self) -> dict[str, str]:

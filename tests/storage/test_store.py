@@ -175,6 +175,29 @@ def test_bad_locations_are_refused_in_one_line_without_credentials(s3_env, monke
         assert secret not in line and key_id not in line, (what, line)
 
 
+def test_credentials_written_into_a_url_or_endpoint_are_never_echoed(s3_env, monkeypatch):
+    with pytest.raises(StorageError) as in_url:
+        open_store("s3://AKIAEXAMPLE:hush-hush@runs/r1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://someone:hush-hush@bad_host!:9000")
+    with pytest.raises(StorageError) as in_endpoint:
+        open_store(s3_env.url("r1"))
+    for caught in (in_url, in_endpoint):
+        assert "hush-hush" not in str(caught.value) and "AKIAEXAMPLE" not in str(caught.value), str(caught.value)
+    assert "credentials do not go in the URL" in str(in_url.value)
+    assert "http://bad_host!:9000 is not a valid URL" in str(in_endpoint.value) or "not a valid URL" in \
+        str(in_endpoint.value)
+
+
+def test_a_missing_bucket_is_named_even_by_a_head(s3_env):
+    with pytest.raises(StorageError, match="the bucket 'no-such-bucket' does not exist"):
+        open_store("s3://no-such-bucket/r1").head("manifest.json")  # a HEAD's 404 carries no error code
+
+
+def test_a_url_already_read_as_a_path_is_refused():
+    with pytest.raises(StorageError, match="is a URL read as a path"):
+        open_store(Path("s3://runs/r1"))
+
+
 class socket_closed:
     """A loopback port nothing listens on."""
 
