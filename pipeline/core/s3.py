@@ -47,6 +47,10 @@ def split_url(url: str) -> tuple[str, str]:
     return bucket, prefix
 
 
+class _PastTheEnd(Exception):
+    """A ranged GET that starts at or past the object's end (416)."""
+
+
 def _part(number: int, reply: dict) -> dict:
     """A part as CompleteMultipartUpload lists it: its number, ETag and, where S3 gave one, its CRC32."""
     return {"PartNumber": number, "ETag": reply["ETag"],
@@ -108,6 +112,8 @@ class S3Store:
                 raise Stale(key, retried) from None
             if code == "NoSuchBucket":
                 raise StorageError(f"{where}: the bucket {self.bucket!r} does not exist at {self.endpoint}") from None
+            if code == "InvalidRange" or status == 416:
+                raise _PastTheEnd() from None
             if code in _CREDENTIALS or status == 403:
                 raise StorageError(f"{where}: {self.endpoint} refused the credentials ({code or status})") from None
             if code in ("NoSuchKey", "NoSuchUpload", "404") or status == 404:
@@ -141,7 +147,11 @@ class S3Store:
         if end is not None and end <= start:
             return b""
         span = f"bytes={start}-{'' if end is None else end - 1}"
-        body = self._call("get_object", key, Key=self._key(key), **({"Range": span} if start or end else {}))["Body"]
+        try:
+            body = self._call("get_object", key, Key=self._key(key),
+                              **({"Range": span} if start or end else {}))["Body"]
+        except _PastTheEnd:  # a range starting at or past the end: no bytes, as a file read there gives
+            return b""
         with body:
             return body.read()
 

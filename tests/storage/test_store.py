@@ -78,6 +78,8 @@ def test_ranged_reads_and_listing(store):
     assert store.get("shards/shard-00000.safetensors", 1000, 1010) == data[1000:1010]
     assert store.get("shards/shard-00000.safetensors", 16000) == data[16000:]
     assert store.get("shards/shard-00000.safetensors", 5, 5) == b""
+    assert store.get("shards/shard-00000.safetensors", len(data), len(data) + 10) == b""  # past the end, as a file
+    assert store.get("shards/shard-00000.safetensors", len(data) - 2, len(data) + 10) == data[-2:]
     listed = {o.key: o.size for o in store.list("shards/")}
     assert listed == {"shards/shard-00000.safetensors": len(data), "shards/shard-00001.safetensors": 1}
     assert [o.key for o in store.list()] == ["manifest.json", *sorted(listed)]
