@@ -68,9 +68,11 @@ def start(root: Path, *, timeout: float = 60.0) -> Seaweed:
     log = root / "weed.log"
     args = [str(weed_binary()), "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-bucket={BUCKET}", "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            f"-s3.localSocket={root / 's3.sock'}", f"-filer.localSocket={root / 'filer.sock'}",
             *(f"-{flag}={port}" for flag, port in ports.items())]
     (root / "data").mkdir(exist_ok=True)
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET}
+    # TMPDIR: weed puts its unix sockets there; in its own directory they go when the test does
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET, "TMPDIR": str(root)}
     with open(log, "wb") as out:
         process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root,
                                    start_new_session=True)
