@@ -41,6 +41,7 @@ class Seaweed:
     bucket: str
     process: subprocess.Popen
     log: Path
+    ports: tuple[int, ...] = ()
 
     @property
     def env(self) -> dict[str, str]:
@@ -59,6 +60,9 @@ class Seaweed:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+        for port in self.ports:  # weed keeps its grpc sockets in /tmp whatever TMPDIR says; a killed one leaves them
+            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+                sock.unlink(missing_ok=True)
 
 
 def start(root: Path, *, timeout: float = 60.0) -> Seaweed:
@@ -76,7 +80,8 @@ def start(root: Path, *, timeout: float = 60.0) -> Seaweed:
     with open(log, "wb") as out:
         process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root,
                                    start_new_session=True)
-    server = Seaweed(endpoint=f"http://127.0.0.1:{ports['s3.port']}", bucket=BUCKET, process=process, log=log)
+    server = Seaweed(endpoint=f"http://127.0.0.1:{ports['s3.port']}", bucket=BUCKET, process=process, log=log,
+                     ports=tuple(ports.values()))
     deadline = time.monotonic() + timeout
     while not _answers(server):
         if process.poll() is not None or time.monotonic() > deadline:
