@@ -8,6 +8,11 @@ from pipeline.core.local_store import LocalStore
 from pipeline.core.storage import SCHEME, Store, StorageError, is_url
 
 
+def store_of(location: str | os.PathLike) -> Store | None:
+    """The store of an object-storage URL (a string); None for a local path, read as today."""
+    return open_store(location) if isinstance(location, str) and SCHEME.match(location) else None
+
+
 def open_store(location: str | os.PathLike, *, endpoint: str | None = None) -> Store:
     """The store at `location`: `s3://bucket/prefix` (endpoint and credentials the standard AWS way, or `endpoint`),
     else a local directory."""

@@ -14,8 +14,8 @@ from pipeline.core import jsonfile
 from pipeline.core.cli import UsageError
 from pipeline.core.io import write_text_atomic
 from pipeline.core.jsonfile import Fields
-from pipeline.core.storage import SCHEME
-from pipeline.core.stores import open_store
+from pipeline.core.storage import Store
+from pipeline.core.stores import store_of
 from pipeline.shards import formats, layout
 
 REQUIRED_KEYS = ("format_version", "points", "hidden_size", "dtype", "shards", "num_samples", "num_tokens")
@@ -70,11 +70,11 @@ def _check_types(manifest: dict[str, Any], path: Path | str) -> None:
             model.str(key, optional=True)
 
 
-def read_manifest(run_dir: Path | str) -> dict[str, Any]:
+def read_manifest(run_dir: Path | str, *, store: Store | None = None) -> dict[str, Any]:
     """The parsed manifest (bounded: `MAX_BYTES`, nesting `MAX_DEPTH`), every field readers take apart of its type;
     ManifestError says whether it is missing (unfinished run), corrupt or which field is wrong. `run_dir` may be an
-    `s3://bucket/prefix` URL (a string)."""
-    manifest, path = _load(run_dir)
+    `s3://bucket/prefix` URL (a string); `store`: the caller's open store of that URL."""
+    manifest, path = _load(run_dir, store or store_of(run_dir))
     if not isinstance(manifest, dict):
         raise ManifestError(f"manifest {path} holds a JSON {type(manifest).__name__}, not an object")
     missing = [key for key in REQUIRED_KEYS if key not in manifest]
@@ -87,10 +87,9 @@ def read_manifest(run_dir: Path | str) -> dict[str, Any]:
         raise ManifestError(f"manifest {path}: {exc}") from None
 
 
-def _load(run_dir: Path | str) -> tuple[Any, Path | str]:
+def _load(run_dir: Path | str, store: Store | None) -> tuple[Any, Path | str]:
     """The manifest's JSON value and where it was read."""
-    if isinstance(run_dir, str) and SCHEME.match(run_dir):
-        store = open_store(run_dir)
+    if store is not None:
         where = f"{store.url}/{layout.MANIFEST_NAME}"
         try:
             raw = store.get(layout.MANIFEST_NAME, 0, MAX_BYTES + 1)

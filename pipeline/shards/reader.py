@@ -16,8 +16,7 @@ import pyarrow.parquet as pq
 from safetensors import safe_open
 
 from pipeline.core.jsonfile import parse
-from pipeline.core.storage import SCHEME
-from pipeline.core.stores import open_store
+from pipeline.core.stores import store_of
 from pipeline.shards import layout
 from pipeline.shards.manifest import read_manifest
 from pipeline.shards.ranged import RangedShard
@@ -47,9 +46,9 @@ class RunReader:
         """decode=False: hidden states as stored (fp8 states then come with their `hidden_scales` [T, P]).
         `run_dir` may be an `s3://bucket/prefix` URL (a string): samples are then read by ranges, a sample at a
         time (pipeline/shards/ranged.py)."""
-        self.store = open_store(run_dir) if isinstance(run_dir, str) and SCHEME.match(run_dir) else None
+        self.store = store_of(run_dir)
         self.run_dir = run_dir if self.store is not None else Path(run_dir)
-        self.manifest = read_manifest(self.run_dir)
+        self.manifest = read_manifest(self.run_dir, store=self.store)
         self.points: list[str] = list(self.manifest["points"])
         self.storage = of_manifest(self.manifest)
         self.decode = decode
