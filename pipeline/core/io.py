@@ -10,7 +10,7 @@ import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from pipeline.core.faults import fault_point
 
@@ -58,8 +58,9 @@ FILE_MODE = 0o666 & ~_umask()
 
 
 @contextmanager
-def atomic_path(final: Path) -> Iterator[Path]:
-    """Yield a temp path beside `final`; on success fsync and rename it over `final`, on failure remove it.
+def atomic_path(final: Path, publish: Callable[[Path, Path], None] = os.replace) -> Iterator[Path]:
+    """Yield a temp path beside `final`; on success fsync and rename it over `final` (`publish(tmp, final)`: another
+    way to put it in place, e.g. a create-only link), on failure remove it.
 
     The temp file lives in the same directory so os.replace is an atomic rename, and a reader never sees a
     half-written file under the final name. An OSError that names no file (a full disk during a write) is raised
@@ -77,7 +78,7 @@ def atomic_path(final: Path) -> Iterator[Path]:
             os.fsync(f.fileno())
         fault_point("write", final.name)
         os.chmod(tmp_path, FILE_MODE)
-        os.replace(tmp_path, final)
+        publish(tmp_path, final)
         fault_point("rename", final.name)
     except OSError as e:
         if e.filename is None:

@@ -5,17 +5,17 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import tempfile
+import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.core.faults import fault_point
-from pipeline.core.io import FILE_MODE
+from pipeline.core.io import atomic_path
 from pipeline.core.storage import Exists, ObjectInfo, Stale
 
-_TEMP = re.compile(r"\..+\.tmp")  # a write's temp file (_temp)
+_TEMP = re.compile(r"\..+\.tmp")  # a write's temp file (io.atomic_path)
+
 
 class LocalStore:
     """A directory as a store: create-only writes are a hard link of a finished temp file (the link fails when the
@@ -64,51 +64,40 @@ class LocalStore:
         return sorted(found, key=lambda o: o.key)
 
     @contextmanager
-    def _temp(self, final: Path) -> Iterator[Path]:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-        os.close(fd)
-        try:
-            yield Path(tmp)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+    def _written(self, key: str, *, create: bool, match: str | None) -> Iterator[tuple[Path, list[str]]]:
+        """A temp file for `key` (io.atomic_path: fsync, mode, fault points), put in place create-only (a hard link:
+        it fails when the name exists), over the version `match` (compared and renamed under the directory's flock),
+        or over anything; yields it and a list that then holds the version written."""
+        etag: list[str] = []
 
-    def _publish(self, tmp: Path, final: Path, key: str, *, create: bool, match: str | None) -> str:
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, FILE_MODE)
-        etag = self._info(key, os.stat(tmp)).etag  # the link and the rename keep inode, size and mtime: this version
-        fault_point("write", final.name)
-        if create:
-            try:
-                os.link(tmp, final)
-            except FileExistsError:
-                raise Exists(key) from None
-        elif match is not None:
-            with _dir_lock(final.parent):
-                current = self.head(key)
-                if current is None or current.etag != match:
-                    raise Stale(key)
+        def publish(tmp: Path, final: Path) -> None:
+            etag.append(self._info(key, os.stat(tmp)).etag)  # the link and the rename keep inode, size and mtime
+            if create:
+                try:
+                    os.link(tmp, final)
+                except FileExistsError:
+                    raise Exists(key) from None
+            elif match is not None:
+                with _dir_lock(final.parent):
+                    current = self.head(key)
+                    if current is None or current.etag != match:
+                        raise Stale(key)
+                    os.replace(tmp, final)
+            else:
                 os.replace(tmp, final)
-        else:
-            os.replace(tmp, final)
-        fault_point("rename", final.name)
-        return etag
+
+        with atomic_path(self._path(key), publish) as tmp:
+            yield tmp, etag
 
     def put(self, key: str, data: bytes, *, create: bool = False, match: str | None = None) -> str:
-        final = self._path(key)
-        with self._temp(final) as tmp:
+        with self._written(key, create=create, match=match) as (tmp, etag):
             tmp.write_bytes(data)
-            return self._publish(tmp, final, key, create=create, match=match)
+        return etag[0]
 
     def upload(self, key: str, path: Path) -> ObjectInfo:
-        final = self._path(key)
-        with self._temp(final) as tmp:
-            with open(path, "rb") as src, open(tmp, "wb") as dst:
-                while block := src.read(8 << 20):
-                    dst.write(block)
-            self._publish(tmp, final, key, create=True, match=None)
-        return self._info(key, os.stat(final))
+        with self._written(key, create=True, match=None) as (tmp, _):
+            shutil.copyfile(path, tmp)
+        return self._info(key, os.stat(self._path(key)))
 
     def delete(self, key: str, *, match: str | None = None) -> None:
         path = self._path(key)
