@@ -117,9 +117,7 @@ def main() -> None:
         synthetic_run(run, args.tokens, None)
         url = server.url("run")
         store = open_store(url)
-        for path in sorted(p for p in run.rglob("*") if p.is_file() and p.name != "manifest.json"):
-            store.upload(path.relative_to(run).as_posix(), path)
-        store.upload("manifest.json", run / "manifest.json")
+        seaweed.upload_run(run, url)
         local, remote, raw_get = [], [], []
         shards = sorted(p.relative_to(run).as_posix() for p in run.rglob("*.safetensors"))
         shard_mb = sum((run / rel).stat().st_size for rel in shards) / 1e6

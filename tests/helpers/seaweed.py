@@ -20,6 +20,16 @@ _PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", 
           "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc")
 
 
+def upload_run(run: Path, url: str) -> None:
+    """Every file of a finished local run into the bucket at `url`, the manifest last (as a run is finished)."""
+    from pipeline.core.stores import open_store
+
+    store = open_store(url)
+    files = sorted(p for p in run.rglob("*") if p.is_file() and p.name != "manifest.json")
+    for path in [*files, run / "manifest.json"]:
+        store.upload(path.relative_to(run).as_posix(), path)
+
+
 def weed_binary() -> Path:
     found = shutil.which("weed", path=str(Path(sys.executable).parent))
     if found is None:

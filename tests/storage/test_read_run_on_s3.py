@@ -5,19 +5,11 @@ from __future__ import annotations
 import torch
 import pytest
 
-from pipeline.shards import layout
 from pipeline.shards.manifest import ManifestError
 from pipeline.shards.reader import RunReader
 from pipeline.core.stores import open_store
+from tests.helpers.seaweed import upload_run
 from tests.helpers.shards import H, POINTS, make_run
-
-
-def upload_run(run, url: str) -> None:
-    """Every file of a finished local run into the bucket, the manifest last (as a run is finished)."""
-    store = open_store(url)
-    files = sorted(p for p in run.rglob("*") if p.is_file() and p.name != layout.MANIFEST_NAME)
-    for path in [*files, run / layout.MANIFEST_NAME]:
-        store.upload(path.relative_to(run).as_posix(), path)
 
 
 @pytest.mark.parametrize("storage_dtype", [None, "float8_e4m3fn"])
