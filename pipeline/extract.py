@@ -23,7 +23,8 @@ def extract(cfg: DictConfig) -> None:
     if isinstance(summary, RunPlan):  # plan=true: nothing started
         print("\n".join(summary.lines()))
         return
-    print(f"run directory: {summary.out_dir.resolve()}")
+    where = summary.out_dir if isinstance(summary.out_dir, str) else summary.out_dir.resolve()
+    print(f"run directory: {where}")
     reasons = f"{count_text(summary.rejects_by_reason)}; " if summary.rejects_by_reason else ""
     print(f"wrote {summary.num_samples} samples, {summary.num_tokens} tokens in {summary.num_shards} shard(s) "
           f"({summary.resumed_shards} finished earlier); {summary.num_rejects} rejected "

@@ -122,7 +122,8 @@ def build(*, model: ModelInfo, digests: dict[str, Any], engine: EngineInfo, poin
 # other values (e.g. on a Ray cluster after a local start, or with more retries), and its shards stay one dataset
 # (the Ray runner writes the same bytes as the local one; tests/integration/test_ray.py).
 # Nor is the key that signs the run's attestation (a run may be signed when it finishes, whoever started it).
-RUN_LOCAL_CONFIG_KEYS = ("out_dir", "overwrite", "wait_for_lock", "sign_key", "runner.name", "runner.address",
+RUN_LOCAL_CONFIG_KEYS = ("out_dir", "s3_endpoint", "spool_dir", "overwrite", "wait_for_lock", "sign_key", "runner.name",
+                         "runner.address",
                          "runner.num_replicas", "runner.cpus_per_replica", "runner.gpus_per_replica",
                          "runner.max_retries", "runner.overlap_writes")
 

@@ -1,5 +1,6 @@
-"""`python -m pipeline.verify RUN_DIR [--key PUB]`: check a finished run directory before training on it, or a
-finished regeneration directory (pipeline.regenerate's) before extracting it (pipeline/data/regeneration/verify.py).
+"""`python -m pipeline.verify RUN_DIR [--key PUB]`: check a finished run directory (or a run on object storage,
+`s3://bucket/prefix`) before training on it, or a finished regeneration directory (pipeline.regenerate's) before
+extracting it (pipeline/data/regeneration/verify.py).
 
 With --key (the signer's Ed25519 public key, PEM), the run's attestation must carry a signature by that key and every
 file must be what it attests: what is proven with and without a key is docs/explanation/what-verify-proves.md.
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from pipeline.core.cli import ExitCode, UsageError, interrupts_from_here, run_command
-from pipeline.core.storage import path_arg
+from pipeline.core.storage import location_arg, path_arg
 
 interrupts_from_here(__name__, "verify")  # before the imports below (seconds): Ctrl-C there is one line too
 
@@ -24,13 +25,15 @@ from pipeline.data.regeneration import read_manifest as read_regen_manifest  # n
 from pipeline.shards import attestation  # noqa: E402
 from pipeline.shards.manifest import read_manifest  # noqa: E402
 from pipeline.shards.verify import verify_run  # noqa: E402
+from pipeline.shards.staged import staged  # noqa: E402
+from pipeline.core.stores import open_store  # noqa: E402
 from pipeline.data.regeneration.verify import summary, verify_regeneration  # noqa: E402
 
 
-def _summary(run_dir: Path, manifest: dict, key) -> str:
+def _summary(run_dir: Path | str, manifest: dict, proof: str) -> str:
     return (f"sound: {run_dir}: {len(manifest['shards'])} shard(s), {manifest['num_samples']} samples, "
             f"{manifest['num_tokens']} tokens, points {manifest['points']}, hidden_size {manifest['hidden_size']}, "
-            f"dtype {manifest['dtype']}{_storage(manifest.get('storage'))}; {attestation.proof_text(run_dir, key)}")
+            f"dtype {manifest['dtype']}{_storage(manifest.get('storage'))}; {proof}")
 
 
 def _storage(storage: dict | None) -> str:
@@ -42,14 +45,21 @@ def _storage(storage: dict | None) -> str:
 def parser() -> argparse.ArgumentParser:
     """The command's arguments (the docs' command reference is generated from it)."""
     parser = argparse.ArgumentParser(prog="python -m pipeline.verify", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=path_arg, help="a run directory holding manifest.json and shards/")
+    parser.add_argument("run_dir", type=location_arg,
+                        help="a run directory holding manifest.json and shards/, or a run on object storage "
+                             "(s3://bucket/prefix)")
     parser.add_argument("--key", type=path_arg, default=None, metavar="PUB",
                         help="the Ed25519 public key (PEM) whose private half signed the run (extract's sign_key)")
+    parser.add_argument("--scratch", type=path_arg, default=None, metavar="DIR",
+                        help="a run on object storage: where its files are staged while it is checked (one shard's "
+                             "states at a time; default: the system's temp directory)")
     return parser
 
 
 def verify(argv: Sequence[str] | None) -> ExitCode:
     args = parser().parse_args(argv)
+    if isinstance(args.run_dir, str):
+        return _verify_on_store(args.run_dir, args.key, args.scratch)
     if is_regeneration(args.run_dir):
         if args.key is not None:  # nothing a key could check: "sound" would claim a proof that was never made
             raise UsageError(f"--key {args.key}: {args.run_dir} is a regeneration directory, which carries no "
@@ -63,7 +73,24 @@ def verify(argv: Sequence[str] | None) -> ExitCode:
             print(problem, file=sys.stderr)
         print(f"{len(problems)} problem(s) in {args.run_dir}", file=sys.stderr)
         return ExitCode.REFUSED
-    print(_summary(args.run_dir, manifest, key))
+    print(_summary(args.run_dir, manifest, attestation.proof_text(args.run_dir, key)))
+    return ExitCode.OK
+
+
+def _verify_on_store(url: str, key_path: Path | None, scratch: Path | None) -> ExitCode:
+    """A run on object storage, read through a staged copy (pipeline.shards.staged): every byte read, as on disk."""
+    key = None if key_path is None else attestation.load_public_key(key_path)
+    store = open_store(url)
+    manifest = read_manifest(url, store=store)  # ManifestError: not a finished run
+    with staged(store, scratch) as (root, fetch):
+        problems = [p.replace(str(root), store.url) for p in verify_run(root, key=key, fetch=fetch)]
+        proof = attestation.proof_text(root, key)
+    if problems:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        print(f"{len(problems)} problem(s) in {store.url}", file=sys.stderr)
+        return ExitCode.REFUSED
+    print(_summary(store.url, manifest, proof))
     return ExitCode.OK
 
 

@@ -28,7 +28,8 @@ ENGINE_MODULES = {f"tests/integration/{name}.py" for name in (
     "test_accept", "test_closed_loop", "test_diff_serving_engines", "test_doctor_engines", "test_k25_engines",
     "test_k25_layout", "test_k25_recipe", "test_ray", "test_real_model", "test_real_model_int4", "test_regenerate",
     "test_remote_engine", "test_sglang_engine", "test_sglang_generate", "test_vllm_engine")} | {
-    f"tests/reliability/{name}.py" for name in ("test_ray_job_security", "test_regen_reliability", "test_same_threads")}
+    f"tests/reliability/{name}.py" for name in ("test_ray_job_security", "test_regen_reliability", "test_same_threads")
+} | {"tests/storage/test_ray_to_s3.py"}
 
 
 def _stream(nodeid: str) -> str:

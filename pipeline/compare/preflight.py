@@ -15,6 +15,7 @@ from pipeline.compare.lineup import check_entries
 from pipeline.config import ConfigError, DataConfig, ModelConfig
 from pipeline.config.checks import check_data_path, resolve_model
 from pipeline.core.contracts import EngineSpec
+from pipeline.core.storage import SCHEME
 from pipeline.engines.registry import check_name, check_options
 from pipeline.models.info import ModelInfo
 from pipeline.shards.layout import check_out
@@ -65,6 +66,7 @@ def preflight(*, model: ModelConfig, data: DataConfig, out_dir: str, lineup: Lin
               overwrite: bool = False) -> Checked:
     """The engines first (before the model is read), then out_dir, the data file and the model's facts."""
     check_engines(lineup)
-    out = check_out_dir(out_dir, run=run, overwrite=overwrite)
+    # a run on object storage: its prefix is checked where it is claimed (pipeline.core.store_dir); its spool is local
+    out = Path(out_dir) if run and SCHEME.match(out_dir) else check_out_dir(out_dir, run=run, overwrite=overwrite)
     check_data_path(data)
     return Checked(out_dir=out, model=resolve_model(model))

@@ -270,7 +270,11 @@ class ExtractConfig:
     # The comparison the gate runs (diff.reference, the thresholds, alignment, routing flips); diff.engines, probe and
     # html are the diff job's (DiffJobConfig) and unused here.
     diff: DiffConfig = field(default_factory=DiffConfig)
-    out_dir: str = MISSING  # the run directory (default runs/<date>-<time>)
+    out_dir: str = MISSING  # the run directory (default runs/<date>-<time>), or s3://bucket/prefix
+    s3_endpoint: Optional[str] = None  # out_dir on object storage: its endpoint (null: AWS_ENDPOINT_URL, else AWS's)
+    # out_dir on object storage: where each unit is written before it is uploaded (a folder per out_dir, holding only
+    # the units in flight)
+    spool_dir: str = "~/.cache/pipeline/spool"
     overwrite: bool = False  # replace a finished run directory (never done silently)
     wait_for_lock: bool = False  # another extract holds out_dir: wait for it to finish instead of exiting
     # An Ed25519 private key (PEM) that signs the run's attestation (pipeline.shards.attestation); null: unsigned.

@@ -20,7 +20,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Literal
+from typing import Callable, Iterator, Literal, Protocol
 
 from pipeline.core.claim import DirClaim
 from pipeline.core.claim import check_lease as claim_check
@@ -51,7 +51,7 @@ class DirKind:
     finished_record: Callable[[Path], dict | None] | None = None
     replace_late: bool = False  # its writer replaces a finished directory's files once the new ones are complete
 
-    def name(self, out: Path) -> str:
+    def name(self, out: Path | str) -> str:
         return f"{self.option}={str(out)!r}" if self.option.isidentifier() else f"{self.option} {out}"
 
     def hint(self, what: str) -> str:
@@ -73,11 +73,47 @@ def _resume_hint(previous: dict, record: dict) -> str:
     return f"resume it with the same settings and the code it started with (git commit {code['git_commit']}{dirty})"
 
 
-def _start_record(out: Path, kind: DirKind, *, overwrite: bool) -> dict:
+class View(Protocol):
+    """What `inspect` reads of a directory, wherever it lies (a local directory: `LocalView`; a store's prefix:
+    pipeline.core.store_dir): the decision is written once, here."""
+
+    def exists(self) -> bool: ...
+    def foreign(self) -> list[str]: ...  # entries the kind does not write, as `Layout.foreign` names them
+    def is_finished(self) -> bool: ...
+    def has_start(self) -> bool: ...
+    def read_start(self) -> dict: ...  # the kind's error (a UsageError) when it is no JSON object
+    def finished_record(self) -> dict | None: ...  # the kind's `finished_record` of a finished directory
+
+
+@dataclass(frozen=True)
+class LocalView:
+    out: Path
+    kind: DirKind
+
+    def exists(self) -> bool:
+        return self.out.exists()
+
+    def foreign(self) -> list[str]:
+        return self.kind.layout.foreign(self.out)
+
+    def is_finished(self) -> bool:
+        return self.kind.is_finished(self.out)
+
+    def has_start(self) -> bool:
+        return bool(self.kind.layout.start) and (self.out / str(self.kind.layout.start)).is_file()
+
+    def read_start(self) -> dict:
+        return read_object(self.out / str(self.kind.layout.start), self.kind.error)
+
+    def finished_record(self) -> dict | None:
+        return self.kind.finished_record(self.out)
+
+
+def _start_record(view: View, out: Path | str, kind: DirKind, *, overwrite: bool) -> dict:
     """The start record (bounded, an object); one that is not (a user's edit) is refused naming it unless overwrite
     replaces the directory (then it counts as another job's record)."""
     try:
-        return read_object(out / str(kind.layout.start), kind.error)
+        return view.read_start()
     except UsageError as exc:
         if not overwrite:
             raise kind.error(f"{kind.name(out)} holds no {kind.noun}'s start record: {exc}; "
@@ -85,13 +121,15 @@ def _start_record(out: Path, kind: DirKind, *, overwrite: bool) -> dict:
         return {}
 
 
-def inspect(out: Path, record: dict, *, overwrite: bool, kind: DirKind) -> Plan:
-    """Read-only: what `prepare` will do with `out`; the kind's error where it must refuse."""
-    if not out.exists():
+def inspect(out: Path | str, record: dict, *, overwrite: bool, kind: DirKind, view: View | None = None) -> Plan:
+    """Read-only: what `prepare` will do with `out` (read through `view`: the local directory by default); the
+    kind's error where it must refuse."""
+    view = view or LocalView(Path(out), kind)
+    if not view.exists():
         return "new"
-    foreign = kind.layout.foreign(out)
-    finished = kind.is_finished(out)
-    previous = _previous(out, finished, kind, overwrite=overwrite)
+    foreign = view.foreign()
+    finished = view.is_finished()
+    previous = _previous(view, out, finished, kind, overwrite=overwrite)
     if finished and kind.finished_record is not None and previous == record:
         return "complete"
     if not finished and previous == record:
@@ -105,19 +143,18 @@ def inspect(out: Path, record: dict, *, overwrite: bool, kind: DirKind) -> Plan:
     return "new"
 
 
-def _previous(out: Path, finished: bool, kind: DirKind, *, overwrite: bool) -> dict | None:
+def _previous(view: View, out: Path | str, finished: bool, kind: DirKind, *, overwrite: bool) -> dict | None:
     """The record of the work `out` holds: the finished one's for a kind that keeps it, else the start record's."""
     if kind.finished_record is not None and finished:
         try:
-            return kind.finished_record(out) or {}
+            return view.finished_record() or {}
         except UsageError as exc:
             raise kind.error(f"{kind.name(out)} holds a finished {kind.noun} this job cannot read: {exc}; "
                              f"{kind.hint(f'replace that {kind.noun}')}") from None
-    marker = out / str(kind.layout.start)
-    return _start_record(out, kind, overwrite=overwrite) if kind.layout.start and marker.is_file() else None
+    return _start_record(view, out, kind, overwrite=overwrite) if view.has_start() else None
 
 
-def _replaceable(out: Path, record: dict, previous: dict | None, finished: bool, foreign: list[str], *,
+def _replaceable(out: Path | str, record: dict, previous: dict | None, finished: bool, foreign: list[str], *,
                  overwrite: bool, kind: DirKind) -> None:
     """Nothing when this process may replace the other work `out` holds; the kind's error naming it otherwise."""
     noun, name = kind.noun, kind.name(out)
@@ -149,16 +186,22 @@ def prepare(out: Path, record: dict, plan: Plan, kind: DirKind) -> None:
         write_json(out / str(layout.start), record)
 
 
+def refusals(out: Path | str, kind: DirKind) -> tuple[Callable[[str], str], Callable[[str], str]]:
+    """What a claim says when another job holds `out`: refusing, and waiting (given the holder)."""
+    name = kind.name(out)
+    wait_hint = f". Wait for it to finish, or pass {kind.wait} to wait here" if kind.wait else \
+        ". Wait for it to finish, or choose another directory"
+    return (lambda holder: f"{name} is in use by {holder}: another {kind.job} is writing it{wait_hint}",
+            lambda holder: f"{name} is in use by {holder}; waiting for it ({kind.wait})")
+
+
 def claim(out: Path, *, wait: bool = False, kind: DirKind) -> DirClaim:
     """The output directory for this process alone, from the decision about what it holds to its completing file. A
     kind with a lock file gets a lease there, which lets writers on other hosts check they still write for this job
     (`check_lease`); one without has the directory itself locked, so no file is added that a trainer could list."""
-    name, lock = kind.name(out), kind.layout.lock
-    wait_hint = f". Wait for it to finish, or pass {kind.wait} to wait here" if kind.wait else \
-        ". Wait for it to finish, or choose another directory"
-    return DirClaim(out, lock_file=lock, lease=lock is not None, wait=wait,
-                    refusal=lambda holder: f"{name} is in use by {holder}: another {kind.job} is writing it{wait_hint}",
-                    waiting=lambda holder: f"{name} is in use by {holder}; waiting for it ({kind.wait})")
+    refusal, waiting = refusals(out, kind)
+    lock = kind.layout.lock
+    return DirClaim(out, lock_file=lock, lease=lock is not None, wait=wait, refusal=refusal, waiting=waiting)
 
 
 def check_lease(out: Path, token: str | None, kind: DirKind) -> None:
@@ -178,6 +221,7 @@ class Held:
     plan: Plan
     token: str | None
     kind: DirKind
+    target: None = None  # the directory is on disk (pipeline.core.store_dir.StoreHeld: on a store)
 
     def prepare(self) -> None:
         prepare(self.out, self.record, self.plan, self.kind)

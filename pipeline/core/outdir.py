@@ -128,6 +128,16 @@ class Layout:
         return [e.rel + ("/" if e.is_dir else "") for e in self.walk(root) if e.what in ("unknown", "symlink",
                                                                                          "special")]
 
+    def foreign_keys(self, keys: Iterable[str]) -> list[str]:
+        """`foreign` for the keys of a store's prefix (relative to it; a store holds no folder, link or temp file):
+        every key that is neither a root file this kind writes nor an entry one of its folders may hold."""
+        def own(key: str) -> bool:
+            folder, _, name = key.partition("/")
+            if not name:
+                return key in self.names and key not in self.dirs
+            return folder in self.dirs and "/" not in name and self.holds(folder, name)
+        return sorted(key for key in keys if not own(key))
+
     def is_done(self, root: Path) -> bool:
         return self.done is not None and (Path(root) / self.done).is_file()
 
@@ -171,9 +181,14 @@ def remove(path: Path) -> None:
     fault_point("remove", path.name)
 
 
+def json_text(record: Mapping[str, Any]) -> str:
+    """A start record, marker or completing file's text: sorted, indented JSON (the same bytes on any store)."""
+    return json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
+
+
 def write_json(path: Path, record: Mapping[str, Any]) -> None:
-    """A start record, marker or completing file: sorted, indented JSON, written atomically."""
-    write_text_atomic(path, json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+    """A start record, marker or completing file, written atomically."""
+    write_text_atomic(path, json_text(record))
 
 
 def read_record(path: Path) -> dict | None:

@@ -86,3 +86,8 @@ def path_arg(text: str) -> Path:
     if (why := not_local(text)) is not None:
         raise argparse.ArgumentTypeError(f"{text!r} {why}")
     return Path(text)
+
+
+def location_arg(text: str) -> Path | str:
+    """An argparse `type` for a local path or an `s3://` URL (kept a string: a Path would read it as `s3:/...`)."""
+    return text if SCHEME.match(text) else path_arg(text)

@@ -2,9 +2,9 @@
 object of the store and changed only by conditional writes.
 
 - take: a create-only write of the lease; when one is there, another holder's lease is refused (or waited for) while
-  its heartbeat is fresh by the store's clock (the object's age: no host's clock skew counts), and one released or
-  not renewed for `stale_seconds` is taken over by a write conditional on its version, so of two processes taking it
-  over at once one wins;
+  its heartbeat is fresh by the store's clock (the object's age: no host's clock skew counts), and one released, not
+  renewed for `stale_seconds`, or held by a process of this host that is gone (a kill -9) is taken over by a write
+  conditional on its version, so of two processes taking it over at once one wins;
 - renew: every `heartbeat_seconds`, a write conditional on this holder's last version; one refused means another
   process took it over, and this one stops renewing (its writers' `check` then fails before their next unit);
 - release: the lease marked released, conditional on this holder's version.
@@ -35,6 +35,32 @@ def _parse(data: bytes) -> Lease | None:
     except (ValueError, TypeError):
         return None
     return lease if lease is not None and well_typed(lease) else None
+
+
+def _dead_here(lease: Lease | None) -> bool:
+    """Whether the lease's holder ran on this host and its process is gone (a kill -9 here): its lease need not age
+    out. A pid since reused by another process only looks alive: the lease then ages out as any other."""
+    if lease is None or lease.host != socket.gethostname():
+        return False
+    try:
+        os.kill(lease.pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
+
+
+def check_store_lease(store: Store, key: str, token: str, *, what: str, then: str) -> None:
+    """ClaimLost unless the lease at `key` still carries `token` (what a writer on any host checks before it
+    finishes a unit: it needs only the store, not the claim)."""
+    try:
+        lease = _parse(store.get(key))
+    except FileNotFoundError:
+        lease = None
+    if lease is None or lease.token != token or lease.released:
+        holder = lease.holder() if lease is not None else "nobody"
+        raise ClaimLost(f"{what} is no longer this run's (its lease is held by {holder}); {then}")
 
 
 class StoreClaim:
@@ -85,7 +111,7 @@ class StoreClaim:
         lease, info = self._current()
         if info is None:
             return False  # released and removed meanwhile: try again
-        if (lease is None or not lease.released) and info.age < self.stale_seconds:
+        if (lease is None or not lease.released) and info.age < self.stale_seconds and not _dead_here(lease):
             self._busy(lease, info)  # an object that is no lease this code reads (a newer version's) ages out too
             return False
         try:
@@ -126,10 +152,7 @@ class StoreClaim:
 
     def check(self, then: str = "stopped before finishing another unit") -> None:
         """ClaimLost unless the lease still carries this claim's token."""
-        lease, _ = self._current()
-        if lease is None or lease.token != self.token or lease.released:
-            holder = lease.holder() if lease is not None else "nobody"
-            raise ClaimLost(f"{self.store.url} is no longer this run's (its lease is held by {holder}); {then}")
+        check_store_lease(self.store, self.key, self.token, what=self.store.url, then=then)
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()

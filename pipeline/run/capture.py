@@ -8,19 +8,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from pipeline.core.contracts import CPU_THREADS, Capture, PreparedSample, Reject
 from pipeline.core.lifecycle import check_lease
-from pipeline.core.stfile import read_header
+from pipeline.core.stfile import read_header, read_header_ranged
+from pipeline.core.store_dir import StoreTarget
 from pipeline.data.prepare import read_rejects, write_rejects
 from pipeline.engines.base import Engine
 from pipeline.points import Point
 from pipeline.run.contract import UnitResult
 from pipeline.shards.directory import RUN_DIR
-from pipeline.shards.layout import rejects_path
+from pipeline.shards.layout import rejects_path, shard_paths
 from pipeline.shards.validate import capture_reject
-from pipeline.shards.writer import ShardEntry, completed_shard, write_shard
+from pipeline.shards.writer import ShardEntry, completed_shard, shard_entry, write_shard
 
 
 @dataclass(kw_only=True)
@@ -48,15 +49,28 @@ class StageSettings:
     metadata: Mapping[str, str]  # the compact provenance stored in every shard
     overlap_writes: bool = False  # write unit k while unit k+1 is captured (runner.overlap_writes)
     lease_token: str | None = None  # the run directory's lease (pipeline.core.lifecycle): checked before a shard is finished
+    # A run on object storage: where each unit is published once written in run_dir (then its local spool)
+    target: StoreTarget | None = None
 
     def stage(self, engine: Engine) -> "CaptureStage":
         return CaptureStage(engine=engine, settings=self)
 
     def finished(self, run_dir: Path, index: int) -> ShardResult | None:
-        return finished_unit(run_dir, index)
+        return finished_unit(run_dir, index) if self.target is None else finished_on_store(self.target, run_dir, index)
 
     def resume_warning(self, run_dir: Path, finished: Sequence[ShardResult]) -> str | None:
-        return mixed_threads(run_dir, finished, self.metadata)
+        if self.target is None:
+            return mixed_threads(lambda rel: read_header(run_dir / rel)[1], finished, self.metadata)
+        store = self.target.store()
+        return mixed_threads(lambda rel: read_header_ranged(partial(store.get, rel), store.head(rel).size,
+                                                            f"{store.url}/{rel}")[1], finished, self.metadata)
+
+    def check_lease(self, run_dir: Path) -> None:
+        """ClaimLost once another job holds the run (its directory's lease, or its store's)."""
+        if self.target is None:
+            check_lease(run_dir, self.lease_token, RUN_DIR)
+        else:
+            self.target.check_lease()
 
 
 def finished_unit(run_dir: Path, index: int) -> ShardResult | None:
@@ -65,6 +79,22 @@ def finished_unit(run_dir: Path, index: int) -> ShardResult | None:
     if entry is None:
         return None
     return ShardResult(index=index, entry=entry, rejects=read_rejects(rejects_path(run_dir, index)), skipped=True)
+
+
+def _rel(run_dir: Path, path: Path) -> str:
+    return path.relative_to(run_dir).as_posix()
+
+
+def finished_on_store(target: StoreTarget, spool: Path, index: int) -> ShardResult | None:
+    """`finished_unit` of a run on object storage: its marker object and its files' sizes (their bytes were verified
+    as they were uploaded); its rejects read back through the spool."""
+    entry = shard_entry(target.finished(_rel(spool, shard_paths(spool, index)["marker"])), index)
+    if entry is None:
+        return None
+    path = rejects_path(spool, index)
+    rejects = read_rejects(path) if target.fetch(_rel(spool, path), path) else []
+    path.unlink(missing_ok=True)
+    return ShardResult(index=index, entry=entry, rejects=rejects, skipped=True)
 
 
 @dataclass(kw_only=True)
@@ -98,7 +128,7 @@ class CaptureStage:
                 rejects.append(reject)
             else:
                 items.append((sample, capture))
-        check_lease(run_dir, cfg.lease_token, RUN_DIR)
+        cfg.check_lease(run_dir)
         # Capture rejects are written before the shard's completion marker, so a resumed run still reports them.
         if rejects:
             write_rejects(rejects_path(run_dir, index), rejects)
@@ -108,16 +138,27 @@ class CaptureStage:
         if items:
             entry = write_shard(run_dir, index, items, points=[p.label for p in cfg.points],
                                 storage_dtype=cfg.storage_dtype, metadata=cfg.metadata,
-                                before_marker=partial(check_lease, run_dir, cfg.lease_token, RUN_DIR))
+                                before_marker=partial(cfg.check_lease, run_dir))
+        if cfg.target is not None:
+            self._publish(run_dir, index, entry, rejects)
         return ShardResult(index=index, entry=entry, rejects=rejects)
+
+    def _publish(self, spool: Path, index: int, entry: ShardEntry | None, rejects: Sequence[Reject]) -> None:
+        """The unit written in the spool, published to the run's store: its rejects, its shard's files, its marker."""
+        rejected = _rel(spool, rejects_path(spool, index))
+        files = ([rejected] if rejects else []) + (list(entry.files) if entry is not None else [])
+        marker = _rel(spool, shard_paths(spool, index)["marker"]) if entry is not None else None
+        self.settings.target.publish(spool, files, marker, gone=[] if rejects else [rejected])
 
     def run_unit(self, run_dir: Path, index: int, samples: Sequence[PreparedSample]) -> ShardResult:
         return self.write(run_dir, index, samples, self.capture(samples))
 
 
-def mixed_threads(run_dir: Path, finished: Sequence[ShardResult], metadata: Mapping[str, str]) -> str | None:
-    """What a resume is about to mix, in one line: the finished shards' CPU threads (each shard's metadata) against
-    this invocation's (`metadata`, its compact provenance), where both are recorded; None when nothing differs."""
+def mixed_threads(shard_metadata: Callable[[str], Mapping[str, str]], finished: Sequence[ShardResult],
+                  metadata: Mapping[str, str]) -> str | None:
+    """What a resume is about to mix, in one line: the finished shards' CPU threads (each shard's metadata, read by
+    `shard_metadata` given the file's path in the run) against this invocation's (`metadata`, its compact
+    provenance), where both are recorded; None when nothing differs."""
     now = metadata.get(CPU_THREADS)
     if now is None:
         return None
@@ -126,7 +167,7 @@ def mixed_threads(run_dir: Path, finished: Sequence[ShardResult], metadata: Mapp
         if result.entry is None:
             continue
         rel = next(name for name in result.entry.files if name.endswith(".safetensors"))
-        threads = read_header(run_dir / rel)[1].get(CPU_THREADS)
+        threads = shard_metadata(rel).get(CPU_THREADS)
         if threads is not None and threads != now:
             then.setdefault(threads, []).append(result.entry.name)
     if not then:

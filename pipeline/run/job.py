@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ContextManager, Union
 
 from omegaconf import DictConfig
 
@@ -21,20 +22,22 @@ from pipeline.run.executors import executor_for
 from pipeline.run.gate import DiffGate, GateOutcome
 from pipeline.run.plan import RunPlan, check_space, make_plan
 from pipeline.run.resolve import ResolvedRun, resolve_run
-from pipeline.core import lifecycle
+from pipeline.core import lifecycle, store_dir
 from pipeline.shards import attestation
 from pipeline.shards.directory import RUN_DIR
-from pipeline.shards.layout import ATTESTATION_NAME, FORMAT_VERSION, PREPARE_REJECTS, REJECTS_DIR
+from pipeline.shards.layout import (ATTESTATION_NAME, FORMAT_VERSION, MANIFEST_NAME, PREPARE_REJECTS, REJECTS_DIR, RUN,
+                                    SHARDS_DIR)
 from pipeline.shards.manifest import manifest_text, write_manifest
 from pipeline.shards.plan import plan_units
 from pipeline.shards.storage import run_record
 
 log = logging.getLogger(__name__)
+Held = Union[lifecycle.Held, store_dir.StoreHeld]
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunSummary:
-    out_dir: Path
+    out_dir: Path | str  # the run directory, or the run's s3:// URL
     num_samples: int
     num_tokens: int
     num_shards: int
@@ -51,7 +54,7 @@ class RunSummary:
     engine: Any = None  # the capturing engine's EngineInfo
 
     @classmethod
-    def of(cls, out_dir: Path, manifest: dict[str, Any], results: list[ShardResult], **timing: Any) -> "RunSummary":
+    def of(cls, out_dir: Path | str, manifest: dict[str, Any], results: list[ShardResult], **timing: Any) -> "RunSummary":
         """The summary of a finished run: its manifest's figures, the units an earlier invocation finished."""
         data = (manifest["provenance"].get("data") or {})
         return cls(out_dir=out_dir, num_samples=manifest["num_samples"], num_tokens=manifest["num_tokens"],
@@ -135,17 +138,38 @@ def _data_record(prepared: PreparedData) -> dict[str, Any]:
     return {"source": prepared.source, "sha256": prepared.source_digest, **regeneration}
 
 
-def _stage_settings(run: ResolvedRun, lease_token: str | None, prov: dict[str, Any]) -> StageSettings:
+def _stage_settings(run: ResolvedRun, held: Held, prov: dict[str, Any]) -> StageSettings:
     cfg = run.cfg
     return StageSettings(points=run.points, hidden_size=run.model.hidden_size, batch_size=cfg.engine.batch_size,
                          storage_dtype=cfg.runner.storage_dtype, overlap_writes=cfg.runner.overlap_writes,
-                         lease_token=lease_token, metadata=provenance.compact(prov))
+                         lease_token=held.token, target=held.target, metadata=provenance.compact(prov))
 
 
-def _finish(run: ResolvedRun, manifest: dict[str, Any]) -> None:
-    """The attestation over every file, then the manifest: the run is finished from then on."""
-    attestation.write(run.out_dir, manifest, manifest_text(manifest), key=run.sign_key)
-    write_manifest(run.out_dir, manifest)
+def _held(run: ResolvedRun, record: dict[str, Any]) -> ContextManager[Held]:
+    """The run directory claimed for this job: on disk, or on object storage through its local spool."""
+    cfg = run.cfg
+    if run.out_url is None:
+        return lifecycle.held(run.out_dir, record, kind=RUN_DIR, wait=cfg.wait_for_lock, overwrite=cfg.overwrite)
+    return store_dir.held(run.out_url, record, kind=RUN_DIR, spool=run.out_dir, wait=cfg.wait_for_lock,
+                          overwrite=cfg.overwrite, endpoint=cfg.s3_endpoint)
+
+
+def _finish(run: ResolvedRun, held: Held, manifest: dict[str, Any]) -> None:
+    """The attestation over every file, then the manifest: the run is finished from then on. On object storage the
+    job's own files (the prepare step's rejects, the gate's report) are published first, the manifest is written
+    create-only and the spool removed."""
+    text = manifest_text(manifest)
+    if held.target is None:
+        attestation.write(run.out_dir, manifest, text, key=run.sign_key)
+        write_manifest(run.out_dir, manifest)
+        return
+    for entry in RUN.walk(held.out):
+        if entry.what == "file" and entry.folder not in (SHARDS_DIR, REJECTS_DIR):
+            held.target.put_file(held.out, entry.rel)
+    store = held.target.store()
+    attestation.write(held.out, manifest, text, key=run.sign_key, store=store)
+    store.put(MANIFEST_NAME, text.encode(), create=True)
+    shutil.rmtree(held.out, ignore_errors=True)
 
 
 def run_extract(dcfg: DictConfig) -> RunSummary | RunPlan:
@@ -160,12 +184,12 @@ def run_extract(dcfg: DictConfig) -> RunSummary | RunPlan:
     plan = make_plan(run, prepared.samples)  # before any weight is read or engine started
     if cfg.plan:
         return plan
-    if cfg.check_space:
+    if cfg.check_space and run.out_url is None:  # on object storage the spool holds only the units in flight
         check_space(plan)
     digests = provenance.model_digests(run.model, chat_template, cfg.model.trust_remote_code)
     check_answers(prepared.regeneration, digests, run.model.path)
     record = _run_record(run, config, prepared, digests)
-    with lifecycle.held(run.out_dir, record, kind=RUN_DIR, wait=cfg.wait_for_lock, overwrite=cfg.overwrite) as held:
+    with _held(run, record) as held:
         if not prepared.samples:
             raise _no_valid_records(run, prepared, held.plan)
         gate.probe_references(prepared.samples, executor)  # the reference engines: started, probed, closed
@@ -182,12 +206,12 @@ def run_extract(dcfg: DictConfig) -> RunSummary | RunPlan:
             prov = provenance.build(model=run.model, digests=digests, engine=executor_info, points=run.points,
                                     config=config, diff=outcome.summary, loss_mask=prepared.loss_mask,
                                     data=_data_record(prepared))
-            settings = _stage_settings(run, held.token, prov)
+            settings = _stage_settings(run, held, prov)
             capture_started = time.perf_counter()
             results = executor.run(settings, run.out_dir, units)
             capture_seconds = time.perf_counter() - capture_started
         gate.finish()  # the gate report's HTML, rendered off the capture's critical path, before it is attested
         manifest = _manifest(run, prov, results, prepared)
-        held.finish(lambda: _finish(run, manifest))
-    return RunSummary.of(run.out_dir, manifest, results, seconds=time.perf_counter() - started,
+        held.finish(lambda: _finish(run, held, manifest))
+    return RunSummary.of(run.out_url or run.out_dir, manifest, results, seconds=time.perf_counter() - started,
                          capture_seconds=capture_seconds, gate=outcome, engine=executor_info)

@@ -13,6 +13,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pipeline.compare.preflight import Lineup, preflight
 from pipeline.config import ConfigError, ExtractConfig
 from pipeline.config.checks import check_points_named
+from pipeline.core.outdir import unusable_dir
+from pipeline.core.storage import SCHEME
+from pipeline.core.store_dir import opened, spool_for
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point, PointError, resolve
 from pipeline.shards.attestation import AttestationKeyError, load_signing_key
@@ -24,7 +27,8 @@ class ResolvedRun:
     model: ModelInfo
     points: list[Point]
     data_path: Path
-    out_dir: Path
+    out_dir: Path  # where the job writes: the run directory, or for a run on object storage its local spool
+    out_url: str | None = None  # the run on object storage (s3://bucket/prefix); None: out_dir is the run
     sign_key: Ed25519PrivateKey | None = None  # sign_key, loaded: it signs the run's attestation
 
 
@@ -50,5 +54,16 @@ def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
                          num_layers=model.num_layers)
     except PointError as e:
         raise ConfigError(f"capture.points={list(cfg.capture.points)!r} ({cfg.capture.convention} ids): {e}") from e
-    return ResolvedRun(cfg=cfg, model=model, points=points, data_path=Path(cfg.data.path), out_dir=checked.out_dir,
-                       sign_key=sign_key)
+    url = cfg.out_dir if SCHEME.match(cfg.out_dir) else None
+    out_dir = checked.out_dir if url is None else _spool(cfg, url)
+    return ResolvedRun(cfg=cfg, model=model, points=points, data_path=Path(cfg.data.path), out_dir=out_dir,
+                       out_url=url, sign_key=sign_key)
+
+
+def _spool(cfg: ExtractConfig, url: str) -> Path:
+    """The local folder a run on object storage stages its units in; refused when it cannot be written."""
+    spool = spool_for(cfg.spool_dir, opened(url, cfg.s3_endpoint).url)  # an unsupported URL is refused here
+    if (why := unusable_dir(spool)) is not None:
+        raise ConfigError(f"spool_dir={cfg.spool_dir!r} (the local folder units are written in before they are "
+                          f"uploaded to {url}) {why}")
+    return spool

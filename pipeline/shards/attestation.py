@@ -18,7 +18,7 @@ import binascii
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from pipeline.core import jsonfile
 from pipeline.core.cli import UsageError
 from pipeline.core.io import read_bounded, sha256_file, write_text_atomic
+from pipeline.core.storage import Store
 from pipeline.shards import layout
 from pipeline.shards.verify_tree import escape_problem, through_symlink
 
@@ -105,9 +106,15 @@ def pae(payload_type: str, payload: bytes) -> bytes:
 def run_files(run_dir: Path, listed: Mapping[str, str]) -> list[str]:
     """The files of the run its attestation covers, sorted: the files a run writes (pipeline.core.outdir.Layout.walk:
     no symlink, no temp file), in shards/ only the `listed` ones and their shards' markers."""
+    return subject_names((e.rel for e in layout.RUN.walk(run_dir) if e.what == "file"), listed)
+
+
+def subject_names(rels: Iterable[str], listed: Mapping[str, str]) -> list[str]:
+    """Of a run's files (relative to it), those its attestation covers, sorted: all but the lock and the
+    attestation, in shards/ only the `listed` ones and their shards' markers."""
     bases, marker = _shard_bases(listed), layout.SHARD_SUFFIXES["marker"]
-    return sorted(e.rel for e in layout.RUN.walk(run_dir) if e.what == "file" and e.rel not in _NOT_SUBJECTS and (
-        e.folder != layout.SHARDS_DIR or e.rel in listed or e.rel.removesuffix(marker) in bases))
+    return sorted(rel for rel in rels if rel not in _NOT_SUBJECTS and (
+        not rel.startswith(f"{layout.SHARDS_DIR}/") or rel in listed or rel.removesuffix(marker) in bases))
 
 
 def _shard_bases(listed: Mapping[str, str]) -> set[str]:
@@ -125,14 +132,22 @@ def listed_digests(manifest: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def statement(run_dir: Path, manifest: Mapping[str, Any], manifest_text: str) -> dict[str, Any]:
-    """The Statement for a run about to be finished with `manifest_text` as its manifest.json. Shard files are given
-    the sha256 their writer recorded (no shard is read twice); the other files are hashed here."""
+def statement(run_dir: Path, manifest: Mapping[str, Any], manifest_text: str, *,
+              store: Store | None = None) -> dict[str, Any]:
+    """The Statement for a run about to be finished with `manifest_text` as its manifest.json (in `run_dir`, or on
+    `store`: its objects the run's layout owns). Shard files are given the sha256 their writer recorded (no shard is
+    read twice); the other files are hashed here."""
     listed = listed_digests(manifest)
     digests = {**listed, layout.MANIFEST_NAME: hashlib.sha256(manifest_text.encode()).hexdigest()}
-    names = sorted(set(run_files(run_dir, listed)) | {layout.MANIFEST_NAME})
-    subjects = [{"name": rel, "digest": {"sha256": digests.get(rel) or sha256_file(Path(run_dir) / rel)}}
-                for rel in names]
+    if store is None:
+        names, digest = run_files(run_dir, listed), lambda rel: sha256_file(Path(run_dir) / rel)
+    else:
+        keys = [o.key for o in store.list()]
+        foreign = set(layout.RUN.foreign_keys(keys))
+        names = subject_names((k for k in keys if k not in foreign), listed)
+        digest = lambda rel: hashlib.sha256(store.get(rel)).hexdigest()  # noqa: E731 (small files: no shard)
+    subjects = [{"name": rel, "digest": {"sha256": digests.get(rel) or digest(rel)}}
+                for rel in sorted(set(names) | {layout.MANIFEST_NAME})]
     return {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE,
             "predicate": manifest.get("provenance")}
 
@@ -145,12 +160,15 @@ def envelope(stmt: Mapping[str, Any], key: Ed25519PrivateKey | None) -> dict[str
 
 
 def write(run_dir: Path, manifest: Mapping[str, Any], manifest_text: str,
-          key: Ed25519PrivateKey | None = None) -> Path:
-    """Write the run's attestation (atomically), signed with `key` when given; before the manifest."""
-    path = Path(run_dir) / NAME
-    text = json.dumps(envelope(statement(run_dir, manifest, manifest_text), key), indent=2, sort_keys=True) + "\n"
-    write_text_atomic(path, text)
-    return path
+          key: Ed25519PrivateKey | None = None, *, store: Store | None = None) -> None:
+    """Write the run's attestation (atomically, or as one object of `store`), signed with `key` when given; before
+    the manifest."""
+    stmt = statement(run_dir, manifest, manifest_text, store=store)
+    text = json.dumps(envelope(stmt, key), indent=2, sort_keys=True) + "\n"
+    if store is not None:
+        store.put(NAME, text.encode())
+    else:
+        write_text_atomic(Path(run_dir) / NAME, text)
 
 
 def record(run_dir: Path) -> dict[str, Any] | None:
@@ -226,7 +244,7 @@ def _subject_problems(run_dir: Path, manifest: dict[str, Any], stmt: dict[str, A
         path = Path(run_dir) / rel
         if escape_problem(rel) is not None or through_symlink(Path(run_dir), rel):
             differ.append(f"{rel} (not a file inside the run)")
-        elif not path.is_file():
+        elif rel not in hashed and not path.is_file():  # hashed: read already (a staged run's states are gone since)
             differ.append(f"{rel} (missing)")
         elif (got := hashed.get(rel) or hashed.setdefault(rel, sha256_file(path))) != want:
             differ.append(f"{rel} (sha256 {got[:12]}..., attested {want[:12]}...)")

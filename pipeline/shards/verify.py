@@ -13,6 +13,7 @@ signed by `key` when one is given (attestation.py).
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from pipeline.core.io import sha256_file
 from pipeline.provenance import compact
 from pipeline.shards import attestation, layout
 from pipeline.shards.manifest import ManifestError, read_manifest
+from pipeline.shards.staged import Fetch
 from pipeline.shards.storage import of_manifest, parse
 from pipeline.shards.verify_claims import (
     provenance_problems,
@@ -173,9 +175,10 @@ def _listed(entries: list[ShardEntry]) -> set[str]:
     return {rel for e in entries for rel in e.files} | {f"{layout.SHARDS_DIR}/{e.name}{marker}" for e in entries}
 
 
-def verify_run(run_dir: Path, *, key: Ed25519PublicKey | None = None) -> list[str]:
+def verify_run(run_dir: Path, *, key: Ed25519PublicKey | None = None, fetch: Fetch | None = None) -> list[str]:
     """Every problem found in `run_dir`, each as one line naming the shard or file, the field and both values; with
-    `key`, also an attestation that key did not sign (attestation.py)."""
+    `key`, also an attestation that key did not sign (attestation.py). `fetch`: a run staged from object storage
+    (pipeline.shards.staged), whose shard states are in place only while their shard is checked."""
     run_dir = Path(run_dir)
     try:
         manifest = read_manifest(run_dir)
@@ -191,13 +194,14 @@ def verify_run(run_dir: Path, *, key: Ed25519PublicKey | None = None) -> list[st
     num_truncated, rows_read = 0, True  # the truncation count is checked only when every shard's rows were read
     for entry in entries:  # shard by shard, so memory stays at one shard's index tensors plus one chunk
         outside, entry_problems = _outside(run_dir, entry)
-        problems += entry_problems + _file_problems(run_dir, entry, outside, hashed)
-        files = "" if outside else _shard_files(run_dir, entry)
-        if isinstance(files, str):
-            problems += [files] if files else []
-            rows_read = False
-            continue
-        shard_problems, table = check_shard(*files, entry, expect)
+        with fetch(entry) if fetch is not None else nullcontext():
+            problems += entry_problems + _file_problems(run_dir, entry, outside, hashed)
+            files = "" if outside else _shard_files(run_dir, entry)
+            if isinstance(files, str):
+                problems += [files] if files else []
+                rows_read = False
+                continue
+            shard_problems, table = check_shard(*files, entry, expect)
         problems += shard_problems
         ids = table.get("sample_id", [])
         num_truncated += sum(bool(flag) for flag in table.get("truncated", []))

@@ -177,11 +177,16 @@ def _relative(run_dir: Path, path: Path) -> str:
 def completed_shard(run_dir: Path, index: int, *, sha256: bool = False) -> ShardEntry | None:
     """The entry of shard `index` if it is done (pipeline.core.outdir.unit_done: its marker, the files' sizes and,
     with `sha256`, their digests), else None."""
-    record = unit_done(run_dir, layout.shard_paths(run_dir, index)["marker"], sha256=sha256)
+    return shard_entry(unit_done(run_dir, layout.shard_paths(run_dir, index)["marker"], sha256=sha256), index)
+
+
+def shard_entry(record: Mapping[str, Any] | None, index: int) -> ShardEntry | None:
+    """Shard `index`'s entry from the record of its marker; None for none, or one of another shape or shard (the
+    shard is redone)."""
     try:
         entry = ShardEntry.from_dict(record) if record is not None else None
     except (ValueError, TypeError):
-        return None  # a marker of another shape: the shard is redone
+        return None
     if entry is None or entry.name != layout.shard_name(index):
         return None
     return entry

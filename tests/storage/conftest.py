@@ -6,6 +6,7 @@ import uuid
 import pytest
 
 from tests.helpers import seaweed
+from tests.helpers.runs import SMALL, extract
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +29,11 @@ def s3_env(s3_server, monkeypatch):
 @pytest.fixture
 def s3_url(s3_env):
     return s3_env.url(f"t-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory, models_root):
+    out = tmp_path_factory.mktemp("local") / "run"
+    done = extract(out, *SMALL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out

@@ -43,18 +43,30 @@ with StoreClaim(open_store(sys.argv[1]), ".lock", heartbeat_seconds=0.3, stale_s
 """
 
 
-def test_a_lease_not_renewed_is_taken_over_after_its_timeout(s3_url, s3_env):
+def test_a_lease_of_a_holder_killed_on_this_host_is_taken_over_at_once(s3_url, s3_env):
     store = open_store(s3_url)
     holder = subprocess.Popen([sys.executable, "-c", _HOLD, s3_url], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         token = holder.stdout.readline().strip()
         assert json.loads(store.get(".lock"))["token"] == token
-        with pytest.raises(DirBusy):
+        with pytest.raises(DirBusy):  # alive: refused
             with StoreClaim(store, ".lock", **FAST):
                 pass
     finally:
-        holder.kill()  # kill -9: the lease stays, unreleased, and ages
+        holder.kill()  # kill -9: the lease stays, unreleased and fresh
         holder.wait()
+    with StoreClaim(store, ".lock", heartbeat_seconds=0.3, stale_seconds=600.0) as taker:  # no wait, no ageing
+        assert json.loads(store.get(".lock"))["token"] == taker.token
+
+
+def test_a_lease_of_another_host_not_renewed_is_taken_over_after_its_timeout(s3_url, s3_env):
+    store = open_store(s3_url)
+    lease = {"pid": 1, "host": "another-host", "token": "0123456789abcdef", "heartbeat": time.time(),
+             "started_utc": "2026-12-05T00:00:00+00:00", "released": False}
+    store.put(".lock", json.dumps(lease).encode(), create=True)  # its process cannot be seen from here
+    with pytest.raises(DirBusy, match="pid 1 on host another-host"):
+        with StoreClaim(store, ".lock", **FAST):
+            pass
     started = time.monotonic()
     with StoreClaim(store, ".lock", wait=True, heartbeat_seconds=0.3, stale_seconds=5.0) as taker:
         waited = time.monotonic() - started

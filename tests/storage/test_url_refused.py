@@ -1,6 +1,7 @@
 """A URL where a command takes a local path is refused in one line naming it, exit 2, nothing written: before, extract
 with `out_dir=s3://runs/r1` wrote the local directory `./s3:/runs/r1` and exited 0, and verify reported its problems
-"in s3:/runs/r1"."""
+"in s3:/runs/r1". (extract's out_dir and verify take `s3://` now: tests/storage/test_extract_to_s3.py; a URL a path
+already swallowed, `s3:/runs/r1`, and a scheme other than s3 are still refused.)"""
 from __future__ import annotations
 
 import subprocess
@@ -10,10 +11,10 @@ import pytest
 
 URL = "s3://runs/r1"
 COMMANDS = {
-    "extract out_dir": ["pipeline.extract", f"out_dir={URL}"],
+    "extract out_dir": ["pipeline.extract", "out_dir=s3:/runs/r1"],
     "extract data.path": ["pipeline.extract", f"data.path={URL}/data.jsonl", "out_dir=run"],
     "regenerate out_dir": ["pipeline.regenerate", f"out_dir={URL}"],
-    "verify": ["pipeline.verify", URL],
+    "verify": ["pipeline.verify", "s3:/runs/r1"],
     "export run": ["pipeline.export", URL, "--format", "speculators", "--out", "export"],
     "export --out": ["pipeline.export", "run", "--format", "speculators", "--out", URL],
     "doctor --run": ["pipeline.doctor", "--draft", "draft", "--serve", "vllm", "--run", URL],
@@ -30,6 +31,18 @@ def test_a_url_is_refused_not_read_as_a_relative_path(case, tmp_path):
     said = done.stdout + done.stderr  # the Hydra jobs log their error line to stdout
     lines = [line for line in said.splitlines() if "is a URL" in line]
     assert done.returncode == 2, said[-2000:]
-    assert len(lines) == 1 and "'s3://runs/r1" in lines[0] and "Traceback" not in said, said[-2000:]
+    assert len(lines) == 1 and ("'s3://runs/r1" in lines[0] or "'s3:/runs/r1" in lines[0]), said[-2000:]
+    assert "Traceback" not in said
     assert not (tmp_path / "s3:").exists()
     assert not (tmp_path / "run").exists() and not (tmp_path / "export").exists()
+
+
+@pytest.mark.parametrize("module", ["pipeline.extract", "pipeline.verify"])
+def test_an_object_store_other_than_s3_is_refused_naming_the_scheme(module, tmp_path):
+    args = ["out_dir=gs://runs/r1"] if module == "pipeline.extract" else ["gs://runs/r1"]
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said[-2000:]
+    assert "the scheme 'gs' is not supported" in said and "Traceback" not in said
+    assert list(tmp_path.iterdir()) == [] or [p.name for p in tmp_path.iterdir()] == ["logs"]

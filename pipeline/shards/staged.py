@@ -1,0 +1,74 @@
+"""A run on object storage, staged in a local scratch directory for the checks that read files (pipeline.verify):
+every object of the prefix but the shards' states is copied there; each shard's `.safetensors` is brought in when its
+shard is checked and removed after, so the scratch directory holds one shard's states at a time, whatever the run's
+size. An object a run does not write is staged as an empty file of its size (the checks name it by name; its bytes
+are never read)."""
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, ContextManager, Iterator
+
+from pipeline.core.storage import Store
+from pipeline.shards import layout
+from pipeline.shards.writer import ShardEntry
+
+CHUNK_BYTES = 32 << 20  # one ranged GET: what a download holds in memory
+_STATES = layout.SHARD_SUFFIXES["safetensors"]
+
+Fetch = Callable[[ShardEntry], ContextManager[None]]
+
+
+def download(store: Store, key: str, path: Path, size: int) -> None:
+    """The object `key` into the file `path`, by ranged reads of CHUNK_BYTES."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        for start in range(0, size, CHUNK_BYTES):
+            f.write(store.get(key, start, min(size, start + CHUNK_BYTES)))
+
+
+def _local(root: Path, key: str) -> Path | None:
+    """Where `key` is staged; None for a key no file of the scratch directory can stand for (`..`, absolute)."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        return None
+    return root.joinpath(*parts)
+
+
+@contextmanager
+def staged(store: Store, scratch: str | Path | None = None) -> Iterator[tuple[Path, Fetch]]:
+    """(the staged run directory, `fetch`): `with fetch(entry):` has the entry's states in place for that block."""
+    listing = {o.key: o for o in store.list()}
+    foreign = set(layout.RUN.foreign_keys(listing))
+    with tempfile.TemporaryDirectory(prefix="staged-run-", dir=scratch) as tmp:
+        root = Path(tmp) / "run"
+        root.mkdir()
+        for key, info in listing.items():
+            path = _local(root, key)
+            if path is None or (key.endswith(_STATES) and key not in foreign):
+                continue
+            if key in foreign:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with open(path, "wb") as f:
+                    f.truncate(info.size)
+            else:
+                download(store, key, path, info.size)
+
+        @contextmanager
+        def fetch(entry: ShardEntry) -> Iterator[None]:
+            brought = []
+            for rel in entry.files:
+                path = _local(root, rel) if isinstance(rel, str) else None
+                if path is None or not rel.endswith(_STATES) or rel not in listing or path.exists():
+                    continue
+                download(store, rel, path, listing[rel].size)
+                brought.append(path)
+            try:
+                yield
+            finally:
+                for path in brought:
+                    os.unlink(path)
+
+        yield root, fetch

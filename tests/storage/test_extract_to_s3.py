@@ -1,0 +1,135 @@
+"""extract with `out_dir=s3://bucket/prefix`, against SeaweedFS on loopback: the run in the bucket is the same bytes
+as the same command's run on disk, read back as a run; a kill -9 at a write step is resumed by the same command to
+the same bytes with no upload left unfinished; one writer per prefix; bad locations refused in one line."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.core.stores import open_store
+from pipeline.core.storeclaim import StoreClaim
+from pipeline.shards.reader import RunReader
+from tests.helpers.runs import REPO, env_with, error_lines, output
+from tests.helpers.s3_runs import extract_s3, same_run
+from tests.helpers.sweep import sampled
+
+# Each name is written twice on object storage: into the spool (#1), then to the store (#2).
+STEPS = ["rename:run.json", "write:shard-00000.safetensors#2", "rename:shard-00000.safetensors#2",
+         "rename:shard-00000.done.json#2", "write:attestation.intoto.json", "write:manifest.json",
+         "rename:manifest.json"]
+KILLS = ["write:shard-00000.safetensors#2", "rename:shard-00000.done.json#2", "write:manifest.json"]
+
+
+def test_a_run_on_s3_is_the_local_runs_bytes_and_reads_as_a_run(local_run, s3_env, s3_url, tmp_path):
+    done = extract_s3(s3_url, tmp_path, s3_env)
+    assert done.returncode == 0, output(done)[-3000:]
+    assert f"run directory: {s3_url}" in done.stdout
+    same_run(s3_url, local_run)
+    assert open_store(s3_url).unfinished() == []
+    assert list((tmp_path / "spool").iterdir()) == [], "the spool keeps nothing of a finished run"
+    with RunReader(s3_url) as remote, RunReader(local_run) as local:
+        assert remote.sample_ids == local.sample_ids
+        for sample_id in local.sample_ids:
+            assert remote[sample_id]["hidden_states"].equal(local[sample_id]["hidden_states"])
+    again = extract_s3(s3_url, tmp_path, s3_env)
+    assert again.returncode == 2 and "holds a finished run" in output(again)
+    replaced = extract_s3(s3_url, tmp_path, s3_env, "overwrite=true")
+    assert replaced.returncode == 0, output(replaced)[-3000:]
+    same_run(s3_url, local_run)
+
+
+def test_the_documented_command_writes_a_run_to_the_bucket(s3_env):
+    """docs/how-to/object-storage.md, as written (the bucket `runs` is the server's)."""
+    doc = ".venv/bin/python -m pipeline.extract out_dir=s3://runs/first gate.mode=off data.limit=6"
+    done = subprocess.run(["bash", "-c", doc], cwd=REPO, env=env_with(**s3_env.env), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, output(done)[-3000:]
+    assert "run directory: s3://runs/first" in done.stdout
+    with RunReader("s3://runs/first") as run:
+        assert len(run.sample_ids) == 6
+    check = ".venv/bin/python -m pipeline.verify s3://runs/first"
+    done = subprocess.run(["bash", "-c", check], cwd=REPO, env=env_with(**s3_env.env), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.startswith("sound: s3://runs/first: 1 shard(s), 6 samples"), \
+        output(done)
+
+
+def verify_s3(url: str, server, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.verify", url, *args], cwd=REPO,
+                          env=env_with(**server.env), capture_output=True, text=True, timeout=300)
+
+
+def test_verify_reads_every_byte_of_a_run_on_s3(local_run, s3_env, s3_url, tmp_path):
+    """A run in a bucket verifies as on disk; a changed byte of a shard's states, or a user's object beside the run,
+    is named; the scratch directory keeps nothing."""
+    assert extract_s3(s3_url, tmp_path, s3_env).returncode == 0
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    sound = verify_s3(s3_url, s3_env, "--scratch", str(scratch))
+    assert sound.returncode == 0, output(sound)
+    assert list(scratch.iterdir()) == []
+    store = open_store(s3_url)
+    key = "shards/shard-00001.safetensors"
+    data = bytearray(store.get(key))
+    data[-1] ^= 1
+    store.delete(key)
+    store.put(key, bytes(data))
+    store.put("shards/notes.txt", b"mine")
+    broken = verify_s3(s3_url, s3_env)
+    assert broken.returncode == 3
+    assert f"shard-00001: {key} sha256" in broken.stderr and "shards/notes.txt" in broken.stderr
+    assert str(tmp_path) not in broken.stderr and "staged-run" not in broken.stderr
+    unfinished = verify_s3(s3_url + "-none", s3_env)
+    assert unfinished.returncode == 2 and "manifest.json does not exist" in output(unfinished)
+
+
+@pytest.mark.parametrize("step", sampled(STEPS, KILLS))
+def test_a_kill_at_a_write_step_on_s3_is_resumed_to_the_same_bytes(local_run, s3_env, s3_url, tmp_path, step):
+    killed = extract_s3(s3_url, tmp_path, s3_env, fault=f"kill@{step}")
+    assert killed.returncode == -9, output(killed)[-2000:]
+    store = open_store(s3_url)
+    assert (store.head("manifest.json") is None) == (step != "rename:manifest.json")
+    resumed = extract_s3(s3_url, tmp_path, s3_env)
+    if step == "rename:manifest.json":
+        assert resumed.returncode == 2 and "holds a finished run" in output(resumed)
+    else:
+        assert resumed.returncode == 0, output(resumed)[-3000:]
+        finished_earlier = "(1 finished earlier)" in resumed.stdout
+        assert finished_earlier == (step == "rename:shard-00000.done.json#2"), resumed.stdout
+    same_run(s3_url, local_run)
+    assert store.unfinished() == []
+
+
+def test_a_prefix_another_extract_holds_is_refused_naming_the_holder(s3_env, s3_url, tmp_path):
+    with StoreClaim(open_store(s3_url), ".lock"):
+        done = extract_s3(s3_url, tmp_path, s3_env)
+    assert done.returncode == 2
+    (line,) = error_lines(done)
+    assert f"out_dir='{s3_url}' is in use by pid" in line and "another extract is writing it" in line
+    assert open_store(s3_url).head("run.json") is None
+
+
+@pytest.mark.parametrize("case", ["no bucket", "wrong secret", "refused endpoint", "user's object"])
+def test_a_location_that_cannot_be_used_is_one_line_naming_it(case, s3_env, s3_url, tmp_path):
+    url, env = s3_url, {}
+    if case == "no bucket":
+        url = s3_url.replace("s3://runs/", "s3://no-such-bucket/")
+    elif case == "wrong secret":
+        env = {"AWS_SECRET_ACCESS_KEY": "not-the-secret-0123456789"}
+    elif case == "refused endpoint":
+        env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    else:
+        open_store(s3_url).put("notes.txt", b"mine")
+    done = extract_s3(url, tmp_path, s3_env, env=env)
+    assert done.returncode == 2, output(done)[-3000:]
+    (line,) = error_lines(done)
+    assert url.split("/")[2] in line and "Traceback" not in output(done)
+    assert s3_env.env["AWS_SECRET_ACCESS_KEY"] not in output(done) and "not-the-secret" not in output(done)
+    why = {"no bucket": "does not exist", "wrong secret": "refused the credentials",
+           "refused endpoint": "does not answer", "user's object": "holds no run (notes.txt)"}[case]
+    assert why in line
+    if case == "user's object":
+        assert {o.key for o in open_store(s3_url).list()} - {".lock"} == {"notes.txt"}  # the user's object kept
+
