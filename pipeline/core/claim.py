@@ -52,6 +52,9 @@ class Lease:
     started_utc: str
     heartbeat: float  # time.time() of the last renewal
     released: bool = False
+    # The machine's boot and the holder's pid namespace (pipeline.core.storeclaim): "" where not recorded. Two
+    # containers with one hostname (host networking) do not share it, so neither reads the other's pid as its own.
+    pid_space: str = ""
 
     def holder(self) -> str:
         age = time.time() - self.heartbeat
@@ -62,7 +65,8 @@ class Lease:
         return not self.released and time.time() - self.heartbeat < STALE_SECONDS
 
 
-_LEASE_TYPES = {"pid": int, "host": str, "token": str, "started_utc": str, "heartbeat": (int, float), "released": bool}
+_LEASE_TYPES = {"pid": int, "host": str, "token": str, "started_utc": str, "heartbeat": (int, float), "released": bool,
+                "pid_space": str}
 
 
 def well_typed(lease: Lease) -> bool:

@@ -76,6 +76,7 @@ class S3Store:
         self._root = f"{self.prefix}/" if self.prefix else ""  # every key of this store starts with it
         endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         self.endpoint = _public(endpoint) if endpoint else "the AWS endpoint"
+        self.endpoint_url = _public(endpoint) if endpoint else None  # what another process opens (no userinfo)
         try:
             self.client = boto3.session.Session().client(
                 "s3", endpoint_url=endpoint or None,

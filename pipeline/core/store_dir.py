@@ -40,9 +40,11 @@ def opened(url: str, endpoint: str | None) -> Store:
     return open_store(url, endpoint=endpoint)
 
 
-def spool_for(root: str | Path, url: str) -> Path:
-    """The local directory a job writing `url` stages its units in: one per location, under `root`."""
-    return Path(root).expanduser() / hashlib.sha256(url.encode()).hexdigest()[:16]
+def spool_for(root: str | Path, store: Store) -> Path:
+    """The local directory a job writing to `store` stages its units in: one per location (endpoint and URL), under
+    `root`."""
+    where = f"{getattr(store, 'endpoint_url', None)} {store.url}"
+    return Path(root).expanduser() / hashlib.sha256(where.encode()).hexdigest()[:16]
 
 
 def _record(store: Store, key: str, error: type[Exception]) -> object:
@@ -117,7 +119,10 @@ class StoreTarget:
         if not isinstance(files, dict):
             return None
         for rel, info in files.items():
-            found = store.head(rel)
+            try:
+                found = store.head(rel)
+            except ValueError:  # a listed name that is no key under the prefix (`..`, absolute): a foreign marker
+                return None
             if found is None or not isinstance(info, dict) or found.size != info.get("bytes"):
                 return None
         return record
@@ -137,6 +142,7 @@ class StoreTarget:
         `gone` (what an earlier attempt wrote that this one did not) removed, its files uploaded (an earlier
         attempt's copy replaced), the lease checked, then its marker; the spool's copies removed."""
         store = self.store()
+        self.check_lease()  # before anything of the unit is removed: a writer that lost the run touches nothing
         for key in ([marker] if marker else []) + list(gone):
             store.delete(key)
         for rel in files:
@@ -180,6 +186,8 @@ class StoreHeld:
         store, layout = self.target.store(), self.kind.layout
         store.abort_unfinished()
         if self.plan in ("resume", "complete"):
+            if layout.done is not None and store.head(layout.done) is not None:  # unreadable: inspect found no finish
+                store.delete(layout.done)
             return
         if layout.done is not None:
             store.delete(layout.done)
@@ -207,5 +215,10 @@ def held(url: str, record: dict, *, kind: DirKind, spool: Path, wait: bool, over
         plan = inspect(url, record, overwrite=overwrite, kind=kind, view=StoreView(store, kind))
         shutil.rmtree(spool, ignore_errors=True)
         spool.mkdir(parents=True)
-        target = StoreTarget(url=url, endpoint=endpoint, lock=str(kind.layout.lock), token=claim.token)
-        yield StoreHeld(url=url, out=spool, record=record, plan=plan, kind=kind, target=target)
+        target = StoreTarget(url=url, endpoint=store.endpoint_url, lock=str(kind.layout.lock), token=claim.token)
+        try:
+            yield StoreHeld(url=url, out=spool, record=record, plan=plan, kind=kind, target=target)
+        finally:  # units in flight are redone by a rerun; what the job wrote for its user to read (a report) is kept
+            for child in spool.iterdir() if spool.is_dir() else ():
+                if child.is_dir() and child.name not in kind.kept:
+                    shutil.rmtree(child, ignore_errors=True)

@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import asdict, replace
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable
 
 from pipeline.core.claim import HEARTBEAT_SECONDS, STALE_SECONDS, ClaimLost, DirBusy, Lease, well_typed
@@ -37,10 +38,19 @@ def _parse(data: bytes) -> Lease | None:
     return lease if lease is not None and well_typed(lease) else None
 
 
+def pid_space() -> str:
+    """This machine's boot and this process's pid namespace: pids compare only between processes that share it."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:  # no /proc (not Linux): no process is ever judged dead from here
+        return ""
+
+
 def _dead_here(lease: Lease | None) -> bool:
-    """Whether the lease's holder ran on this host and its process is gone (a kill -9 here): its lease need not age
-    out. A pid since reused by another process only looks alive: the lease then ages out as any other."""
-    if lease is None or lease.host != socket.gethostname():
+    """Whether the lease's holder ran in this pid namespace of this boot and its process is gone (a kill -9 here): its
+    lease need not age out. A pid since reused by another process only looks alive: the lease then ages out."""
+    if lease is None or not lease.pid_space or lease.pid_space != pid_space():
         return False
     try:
         os.kill(lease.pid, 0)
@@ -92,7 +102,8 @@ class StoreClaim:
 
     def __enter__(self) -> "StoreClaim":
         self._lease = Lease(pid=os.getpid(), host=socket.gethostname(), token=self.token, heartbeat=time.time(),
-                            started_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                            started_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                            pid_space=pid_space())
         while not self._take():
             time.sleep(min(self.heartbeat_seconds, self.stale_seconds / 4))
         self._beat = threading.Thread(target=self._renew, name="store-claim-lease", daemon=True)
@@ -119,7 +130,8 @@ class StoreClaim:
         except Stale:
             return False  # another process took it over first
         if lease is not None and not lease.released:
-            log.warning("%s: taking over the lease of %s, not renewed for %.0fs", self.where, lease.holder(), info.age)
+            why = "whose process is gone" if info.age < self.stale_seconds else f"not renewed for {info.age:.0f}s"
+            log.warning("%s: taking over the lease of %s, %s", self.where, lease.holder(), why)
         return True
 
     def _busy(self, lease: Lease | None, info: ObjectInfo) -> None:

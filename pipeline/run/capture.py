@@ -62,8 +62,11 @@ class StageSettings:
         if self.target is None:
             return mixed_threads(lambda rel: read_header(run_dir / rel)[1], finished, self.metadata)
         store = self.target.store()
-        return mixed_threads(lambda rel: read_header_ranged(partial(store.get, rel), store.head(rel).size,
-                                                            f"{store.url}/{rel}")[1], finished, self.metadata)
+
+        def shard_metadata(rel: str) -> Mapping[str, str]:
+            info = store.head(rel)  # there: the unit was judged finished from it just now
+            return read_header_ranged(partial(store.get, rel), info.size if info else 0, f"{store.url}/{rel}")[1]
+        return mixed_threads(shard_metadata, finished, self.metadata)
 
     def check_lease(self, run_dir: Path) -> None:
         """ClaimLost once another job holds the run (its directory's lease, or its store's)."""

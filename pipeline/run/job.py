@@ -23,6 +23,8 @@ from pipeline.run.gate import DiffGate, GateOutcome
 from pipeline.run.plan import RunPlan, check_space, make_plan
 from pipeline.run.resolve import ResolvedRun, resolve_run
 from pipeline.core import lifecycle, store_dir
+from pipeline.core.claim import ClaimLost
+from pipeline.core.storage import Exists
 from pipeline.shards import attestation
 from pipeline.shards.directory import RUN_DIR
 from pipeline.shards.layout import (ATTESTATION_NAME, FORMAT_VERSION, MANIFEST_NAME, PREPARE_REJECTS, REJECTS_DIR, RUN,
@@ -125,7 +127,7 @@ def _no_valid_records(run: ResolvedRun, prepared: PreparedData, plan: lifecycle.
     """The error for data without one capturable record; its rejects are written for inspection where that loses
     nothing (a new run directory)."""
     where = "nothing was written"
-    if plan == "new":
+    if plan == "new" and run.out_url is None:
         write_rejects(run.out_dir / PREPARE_REJECTS, prepared.rejects)
         where = f"their reasons are in {run.out_dir / PREPARE_REJECTS}"
     reasons = count_text(Counter(r.reason for r in prepared.rejects))
@@ -167,8 +169,15 @@ def _finish(run: ResolvedRun, held: Held, manifest: dict[str, Any]) -> None:
         if entry.what == "file" and entry.folder not in (SHARDS_DIR, REJECTS_DIR):
             held.target.put_file(held.out, entry.rel)
     store = held.target.store()
+    taken = ClaimLost(f"{held.url}/{MANIFEST_NAME} was written by another job meanwhile; this one stops without "
+                      "touching that run")
+    if store.head(MANIFEST_NAME) is not None:
+        raise taken
     attestation.write(held.out, manifest, text, key=run.sign_key, store=store)
-    store.put(MANIFEST_NAME, text.encode(), create=True)
+    try:
+        store.put(MANIFEST_NAME, text.encode(), create=True)
+    except Exists:
+        raise taken from None
     shutil.rmtree(held.out, ignore_errors=True)
 
 

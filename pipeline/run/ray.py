@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import deque
+import time
+from collections import Counter, deque
 from dataclasses import dataclass
 from functools import partial
 from importlib.util import find_spec
@@ -36,6 +37,10 @@ log = logging.getLogger(__name__)
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 FORWARDED_ENV = ("PIPELINE_MODELS_DIR", "SGLANG_USE_CPU_ENGINE", "VLLM_CPU_KVCACHE_SPACE")
 OMP_ENV = "OMP_NUM_THREADS"
+# A replica found unavailable (its node lost) gets no unit for this long; a unit whose replicas stay unavailable
+# longer than Ray takes to declare a node dead and restart its actors elsewhere fails (the run is resumable).
+PARK_SECONDS = 5.0
+UNAVAILABLE_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,11 @@ class CaptureActor:
 
     def start_error(self) -> str | None:
         return self._start_error
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def info(self) -> EngineInfo:
         with self._engine_lock:
@@ -189,6 +199,10 @@ class RayExecutor(Executor):
         todo = deque(todo_list)
         inflight: dict[Any, tuple[Any, int]] = {}
         failures: dict[int, str] = {}
+        nodes = dict(zip(self.actors, ray.get([a.node_id.remote() for a in self.actors])))
+        per_node: Counter[str] = Counter()  # units finished per node (the one each replica started on)
+        parked: dict[Any, float] = {}  # a replica found unavailable -> when to send it a unit again
+        unavailable_since: dict[int, float] = {}  # per unit: when its replica was first found unavailable
 
         def submit(actor) -> None:
             if todo:
@@ -198,22 +212,49 @@ class RayExecutor(Executor):
         for _ in range(self._units_per_actor):
             for actor in self.actors:
                 submit(actor)
-        while inflight:
-            (ref,), _ = ray.wait(list(inflight), num_returns=1)
-            actor, index = inflight.pop(ref)
+        while inflight or (todo and parked):
+            for actor in [a for a, when in parked.items() if when <= time.monotonic()]:
+                del parked[actor]
+                submit(actor)
+            if not inflight:  # every replica with units to run is parked: wait for one
+                time.sleep(PARK_SECONDS)
+                continue
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=PARK_SECONDS)
+            if not ready:
+                continue
+            actor, index = inflight.pop(ready[0])
             try:
-                result = ray.get(ref)
+                result = ray.get(ready[0])
+            except ray.exceptions.ActorUnavailableError as e:
+                # The replica's node went away (or it is restarting) and Ray has not yet declared it dead, which
+                # takes a while: the unit goes back to the queue for any replica (a redone unit replaces what was
+                # published of it), and this replica is sent units again once Ray had time to restart it elsewhere.
+                first = unavailable_since.setdefault(index, time.monotonic())
+                if time.monotonic() - first > UNAVAILABLE_SECONDS:
+                    failures[index] = _one_line(e)
+                    log.error("unit %d failed: its replicas were unavailable for %.0fs", index, UNAVAILABLE_SECONDS)
+                else:
+                    log.warning("unit %d: its replica is unavailable (a node lost?); running it again", index)
+                    todo.appendleft(index)
+                    parked[actor] = time.monotonic() + PARK_SECONDS
+                continue
             except ray.exceptions.RayError as e:  # Ray's own retries on restarted actors are spent
-                failures[index] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+                failures[index] = _one_line(e)
                 log.error("unit %d failed after %d retries: %s", index, self.cfg.max_retries, failures[index])
                 if isinstance(e, ray.exceptions.RayActorError):
                     continue  # that replica is gone for good: hand its share to the others
             else:
+                per_node[nodes[actor]] += 1
                 done(result)
             submit(actor)
         for index in todo:  # every replica died
             failures[index] = "no live engine replica left"
+        log.info("units per Ray node: %s", ", ".join(f"{node[:12]}: {n}" for node, n in sorted(per_node.items())))
         return failures
+
+
+def _one_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
 
 
 def _same_everywhere(infos: list[EngineInfo]) -> EngineInfo:

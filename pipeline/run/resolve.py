@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -62,7 +63,10 @@ def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
 
 def _spool(cfg: ExtractConfig, url: str) -> Path:
     """The local folder a run on object storage stages its units in; refused when it cannot be written."""
-    spool = spool_for(cfg.spool_dir, opened(url, cfg.s3_endpoint).url)  # an unsupported URL is refused here
+    if cfg.s3_endpoint and urlsplit(cfg.s3_endpoint).username is not None:  # it is recorded with the run's config
+        raise ConfigError("s3_endpoint holds a user name or password: give credentials in AWS_ACCESS_KEY_ID and "
+                          "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), never in the endpoint")
+    spool = spool_for(cfg.spool_dir, opened(url, cfg.s3_endpoint))  # an unsupported URL is refused here
     if (why := unusable_dir(spool)) is not None:
         raise ConfigError(f"spool_dir={cfg.spool_dir!r} (the local folder units are written in before they are "
                           f"uploaded to {url}) {why}")

@@ -1,11 +1,10 @@
 """A run on object storage, staged in a local scratch directory for the checks that read files (pipeline.verify):
-every object of the prefix but the shards' states is copied there; each shard's `.safetensors` is brought in when its
-shard is checked and removed after, so the scratch directory holds one shard's states at a time, whatever the run's
-size. An object a run does not write is staged as an empty file of its size (the checks name it by name; its bytes
-are never read)."""
+every object of the prefix but the shards' states is copied there (the Parquet indexes, markers, rejects and reports:
+small); each `.safetensors` is an empty (sparse) file of its size, filled with its bytes while its shard is checked
+and emptied after, so the scratch directory holds one shard's states at a time. An object a run does not write is
+staged as an empty file of its size too (the checks name it by name; its bytes are never read)."""
 from __future__ import annotations
 
-import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,6 +36,13 @@ def _local(root: Path, key: str) -> Path | None:
     return root.joinpath(*parts)
 
 
+def _placeholder(path: Path, size: int) -> None:
+    """An empty (sparse) file of `size` bytes where an object stands whose bytes are not read now."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
 @contextmanager
 def staged(store: Store, scratch: str | Path | None = None) -> Iterator[tuple[Path, Fetch]]:
     """(the staged run directory, `fetch`): `with fetch(entry):` has the entry's states in place for that block."""
@@ -47,12 +53,10 @@ def staged(store: Store, scratch: str | Path | None = None) -> Iterator[tuple[Pa
         root.mkdir()
         for key, info in listing.items():
             path = _local(root, key)
-            if path is None or (key.endswith(_STATES) and key not in foreign):
+            if path is None:
                 continue
-            if key in foreign:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with open(path, "wb") as f:
-                    f.truncate(info.size)
+            if key in foreign or key.endswith(_STATES):  # states: in place only while their shard is checked
+                _placeholder(path, info.size)
             else:
                 download(store, key, path, info.size)
 
@@ -61,7 +65,7 @@ def staged(store: Store, scratch: str | Path | None = None) -> Iterator[tuple[Pa
             brought = []
             for rel in entry.files:
                 path = _local(root, rel) if isinstance(rel, str) else None
-                if path is None or not rel.endswith(_STATES) or rel not in listing or path.exists():
+                if path is None or not rel.endswith(_STATES) or rel not in listing or rel in foreign:
                     continue
                 download(store, rel, path, listing[rel].size)
                 brought.append(path)
@@ -69,6 +73,6 @@ def staged(store: Store, scratch: str | Path | None = None) -> Iterator[tuple[Pa
                 yield
             finally:
                 for path in brought:
-                    os.unlink(path)
+                    _placeholder(path, path.stat().st_size)
 
         yield root, fetch

@@ -15,12 +15,20 @@ from tests.helpers.runs import REPO, SMALL, env_with
 PLACE_BOUND = {".lock", "manifest.json", "attestation.intoto.json"}
 
 
+def extract_s3_cmd(url: str, tmp: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "pipeline.extract", f"out_dir={url}", f"hydra.run.dir={tmp}/logs",
+            f"spool_dir={tmp}/spool", *SMALL, *overrides]
+
+
+def s3_run_env(server, env: dict | None = None, fault: str | None = None) -> dict[str, str]:
+    """The environment of an extract writing to `server`: its endpoint and credentials, as a user sets them."""
+    return env_with(**{**server.env, **(env or {}), **({"PIPELINE_FAULT": fault} if fault else {})})
+
+
 def extract_s3(url: str, tmp: Path, server, *overrides: str, fault: str | None = None,
                env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pipeline.extract", f"out_dir={url}", f"hydra.run.dir={tmp}/logs",
-           f"spool_dir={tmp}/spool", *SMALL, *overrides]
-    extra = {**server.env, **(env or {}), **({"PIPELINE_FAULT": fault} if fault else {})}
-    return subprocess.run(cmd, cwd=REPO, env=env_with(**extra), capture_output=True, text=True, timeout=300)
+    return subprocess.run(extract_s3_cmd(url, tmp, *overrides), cwd=REPO, env=s3_run_env(server, env, fault),
+                          capture_output=True, text=True, timeout=300)
 
 
 def objects(url: str) -> dict[str, str]:
@@ -36,5 +44,5 @@ def files(run: Path) -> dict[str, str]:
 def same_run(url: str, local: Path) -> None:
     there, here = objects(url), files(local)
     assert there.keys() == here.keys()
-    assert {k: v for k, v in there.items() if k not in PLACE_BOUND} == \
-        {k: v for k, v in here.items() if k not in PLACE_BOUND}
+    differ = sorted(k for k in there if k not in PLACE_BOUND and there[k] != here[k])
+    assert not differ, f"objects of {url} that are not the local run's bytes: {differ}"

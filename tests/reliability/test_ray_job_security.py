@@ -19,8 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 SUBMIT = REPO / "jobs" / "submit.sh"
 
 
-def test_the_rayjob_turns_on_token_auth_and_keeps_the_dashboard_in_the_cluster():
-    (job,) = yaml.safe_load_all((REPO / "jobs" / "kimi-rayjob.yaml").read_text())
+@pytest.mark.parametrize("manifest", ["kimi-rayjob.yaml", "kimi-rayjob-s3.yaml"])
+def test_the_rayjob_turns_on_token_auth_and_keeps_the_dashboard_in_the_cluster(manifest):
+    (job,) = yaml.safe_load_all((REPO / "jobs" / manifest).read_text())
     cluster = job["spec"]["rayClusterSpec"]
     assert job["kind"] == "RayJob" and cluster["authOptions"] == {"mode": "token"}
     head = cluster["headGroupSpec"]
@@ -127,3 +128,17 @@ def test_submit_retries_only_the_missing_agent(tmp_path, dashboard):
     assert sum("retrying in" in line for line in proc.stderr.splitlines()) == 1
     assert "Request failed with status code 400: entrypoint is not valid" in proc.stderr
     assert "still no job agent" not in proc.stderr
+
+
+def test_the_object_storage_rayjob_gives_every_node_credentials_from_a_secret_never_in_the_job():
+    (job,) = yaml.safe_load_all((REPO / "jobs" / "kimi-rayjob-s3.yaml").read_text())
+    spec, cluster = job["spec"], job["spec"]["rayClusterSpec"]
+    assert "out_dir=s3://" in spec["entrypoint"] and "AWS" not in spec["entrypoint"] + spec["runtimeEnvYAML"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for container in (c for g in groups for c in g["template"]["spec"]["containers"]):
+        env = {e["name"]: e for e in container["env"]}
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            assert "value" not in env[name] and env[name]["valueFrom"]["secretKeyRef"]["name"] == "eagle3-s3"
+        assert any(m["mountPath"] == "/spool" for m in container["volumeMounts"])
+        assert not any(v.get("persistentVolumeClaim") and not v["persistentVolumeClaim"].get("readOnly")
+                       for g in groups for v in g["template"]["spec"]["volumes"])

@@ -77,9 +77,11 @@ def test_verify_reads_every_byte_of_a_run_on_s3(local_run, s3_env, s3_url, tmp_p
     store.delete(key)
     store.put(key, bytes(data))
     store.put("shards/notes.txt", b"mine")
+    store.put("shards/shard-00009.safetensors", b"a shard no manifest lists")
     broken = verify_s3(s3_url, s3_env)
     assert broken.returncode == 3
     assert f"shard-00001: {key} sha256" in broken.stderr and "shards/notes.txt" in broken.stderr
+    assert "shards/shard-00009.safetensors" in broken.stderr
     assert str(tmp_path) not in broken.stderr and "staged-run" not in broken.stderr
     unfinished = verify_s3(s3_url + "-none", s3_env)
     assert unfinished.returncode == 2 and "manifest.json does not exist" in output(unfinished)
@@ -111,7 +113,8 @@ def test_a_prefix_another_extract_holds_is_refused_naming_the_holder(s3_env, s3_
     assert open_store(s3_url).head("run.json") is None
 
 
-@pytest.mark.parametrize("case", ["no bucket", "wrong secret", "refused endpoint", "user's object"])
+@pytest.mark.parametrize("case", ["no bucket", "wrong secret", "refused endpoint", "user's object",
+                                  "password in the endpoint"])
 def test_a_location_that_cannot_be_used_is_one_line_naming_it(case, s3_env, s3_url, tmp_path):
     url, env = s3_url, {}
     if case == "no bucket":
@@ -120,15 +123,18 @@ def test_a_location_that_cannot_be_used_is_one_line_naming_it(case, s3_env, s3_u
         env = {"AWS_SECRET_ACCESS_KEY": "not-the-secret-0123456789"}
     elif case == "refused endpoint":
         env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
-    else:
+    elif case == "user's object":
         open_store(s3_url).put("notes.txt", b"mine")
-    done = extract_s3(url, tmp_path, s3_env, env=env)
+    overrides = [f"s3_endpoint=http://me:not-the-secret-0123@{s3_env.env['AWS_ENDPOINT_URL'].split('//')[1]}"] \
+        if case == "password in the endpoint" else []
+    done = extract_s3(url, tmp_path, s3_env, *overrides, env=env)
     assert done.returncode == 2, output(done)[-3000:]
     (line,) = error_lines(done)
-    assert url.split("/")[2] in line and "Traceback" not in output(done)
+    assert (url.split("/")[2] in line or case == "password in the endpoint") and "Traceback" not in output(done)
     assert s3_env.env["AWS_SECRET_ACCESS_KEY"] not in output(done) and "not-the-secret" not in output(done)
     why = {"no bucket": "does not exist", "wrong secret": "refused the credentials",
-           "refused endpoint": "does not answer", "user's object": "holds no run (notes.txt)"}[case]
+           "refused endpoint": "does not answer", "user's object": "holds no run (notes.txt)",
+           "password in the endpoint": "s3_endpoint holds a user name or password"}[case]
     assert why in line
     if case == "user's object":
         assert {o.key for o in open_store(s3_url).list()} - {".lock"} == {"notes.txt"}  # the user's object kept
