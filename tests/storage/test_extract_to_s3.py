@@ -29,6 +29,11 @@ def test_a_run_on_s3_is_the_local_runs_bytes_and_reads_as_a_run(local_run, s3_en
     same_run(s3_url, local_run)
     assert open_store(s3_url).unfinished() == []
     assert list((tmp_path / "spool").iterdir()) == [], "the spool keeps nothing of a finished run"
+    store = open_store(s3_url)
+    written = [store.get(o.key) for o in store.list()] + [p.read_bytes() for p in (tmp_path / "logs").rglob("*")
+                                                          if p.is_file()] + [output(done).encode()]
+    for secret in (s3_env.env["AWS_SECRET_ACCESS_KEY"], s3_env.env["AWS_ACCESS_KEY_ID"]):
+        assert not [w for w in written if secret.encode() in w], "a credential in the run, its logs or its output"
     with RunReader(s3_url) as remote, RunReader(local_run) as local:
         assert remote.sample_ids == local.sample_ids
         for sample_id in local.sample_ids:
