@@ -100,6 +100,11 @@ class StoreTarget:
     endpoint: str | None
     lock: str
     token: str
+    spool_root: str  # as the user gave it (`~` unexpanded): each node has its own spool under it
+
+    def spool(self) -> Path:
+        """This node's spool for the job (a Ray actor's is on its own node's disk)."""
+        return spool_for(self.spool_root, self.store())
 
     def store(self) -> Store:
         return opened(self.url, self.endpoint)
@@ -204,7 +209,7 @@ class StoreHeld:
 
 
 @contextmanager
-def held(url: str, record: dict, *, kind: DirKind, spool: Path, wait: bool, overwrite: bool,
+def held(url: str, record: dict, *, kind: DirKind, spool_root: str, wait: bool, overwrite: bool,
          endpoint: str | None = None) -> Iterator[StoreHeld]:
     """`lifecycle.held` for a store's prefix: the lease taken, what the prefix holds decided (refused here, before any
     engine starts), the spool emptied of an earlier job's leftovers; the job then prepares, writes and finishes."""
@@ -213,9 +218,11 @@ def held(url: str, record: dict, *, kind: DirKind, spool: Path, wait: bool, over
     refusal, waiting = refusals(url, kind)
     with StoreClaim(store, str(kind.layout.lock), wait=wait, refusal=refusal, waiting=waiting) as claim:
         plan = inspect(url, record, overwrite=overwrite, kind=kind, view=StoreView(store, kind))
+        target = StoreTarget(url=url, endpoint=store.endpoint_url, lock=str(kind.layout.lock), token=claim.token,
+                             spool_root=spool_root)
+        spool = spool_for(spool_root, store)
         shutil.rmtree(spool, ignore_errors=True)
         spool.mkdir(parents=True)
-        target = StoreTarget(url=url, endpoint=store.endpoint_url, lock=str(kind.layout.lock), token=claim.token)
         try:
             yield StoreHeld(url=url, out=spool, record=record, plan=plan, kind=kind, target=target)
         finally:  # units in flight are redone by a rerun; what the job wrote for its user to read (a report) is kept

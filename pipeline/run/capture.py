@@ -117,8 +117,10 @@ class CaptureStage:
 
     def write(self, run_dir: Path, index: int, samples: Sequence[PreparedSample],
               captures: Mapping[str, Capture]) -> ShardResult:
-        """The driver's half: validate every capture against its prepared sample, write the shard and its rejects."""
+        """The driver's half: validate every capture against its prepared sample, write the shard and its rejects (a
+        run on object storage: into this node's spool, then published)."""
         cfg = self.settings
+        run_dir = cfg.target.spool() if cfg.target is not None else run_dir
         items, rejects = [], []
         for sample in samples:
             capture = captures.get(sample.sample_id)

@@ -152,7 +152,7 @@ def _held(run: ResolvedRun, record: dict[str, Any]) -> ContextManager[Held]:
     cfg = run.cfg
     if run.out_url is None:
         return lifecycle.held(run.out_dir, record, kind=RUN_DIR, wait=cfg.wait_for_lock, overwrite=cfg.overwrite)
-    return store_dir.held(run.out_url, record, kind=RUN_DIR, spool=run.out_dir, wait=cfg.wait_for_lock,
+    return store_dir.held(run.out_url, record, kind=RUN_DIR, spool_root=cfg.spool_dir, wait=cfg.wait_for_lock,
                           overwrite=cfg.overwrite, endpoint=cfg.s3_endpoint)
 
 
