@@ -21,7 +21,7 @@ from pipeline.run.contract import UnitResult
 from pipeline.shards.directory import RUN_DIR
 from pipeline.shards.layout import rejects_path, shard_paths
 from pipeline.shards.validate import capture_reject
-from pipeline.shards.writer import ShardEntry, completed_shard, shard_entry, write_shard
+from pipeline.shards.writer import ShardEntry, completed_shard, relative, shard_entry, write_shard
 
 
 @dataclass(kw_only=True)
@@ -84,18 +84,14 @@ def finished_unit(run_dir: Path, index: int) -> ShardResult | None:
     return ShardResult(index=index, entry=entry, rejects=read_rejects(rejects_path(run_dir, index)), skipped=True)
 
 
-def _rel(run_dir: Path, path: Path) -> str:
-    return path.relative_to(run_dir).as_posix()
-
-
 def finished_on_store(target: StoreTarget, spool: Path, index: int) -> ShardResult | None:
     """`finished_unit` of a run on object storage: its marker object and its files' sizes (their bytes were verified
     as they were uploaded); its rejects read back through the spool."""
-    entry = shard_entry(target.finished(_rel(spool, shard_paths(spool, index)["marker"])), index)
+    entry = shard_entry(target.finished(relative(spool, shard_paths(spool, index)["marker"])), index)
     if entry is None:
         return None
     path = rejects_path(spool, index)
-    rejects = read_rejects(path) if target.fetch(_rel(spool, path), path) else []
+    rejects = read_rejects(path) if target.fetch(relative(spool, path), path) else []
     path.unlink(missing_ok=True)
     return ShardResult(index=index, entry=entry, rejects=rejects, skipped=True)
 
@@ -150,9 +146,9 @@ class CaptureStage:
 
     def _publish(self, spool: Path, index: int, entry: ShardEntry | None, rejects: Sequence[Reject]) -> None:
         """The unit written in the spool, published to the run's store: its rejects, its shard's files, its marker."""
-        rejected = _rel(spool, rejects_path(spool, index))
+        rejected = relative(spool, rejects_path(spool, index))
         files = ([rejected] if rejects else []) + (list(entry.files) if entry is not None else [])
-        marker = _rel(spool, shard_paths(spool, index)["marker"]) if entry is not None else None
+        marker = relative(spool, shard_paths(spool, index)["marker"]) if entry is not None else None
         self.settings.target.publish(spool, files, marker, gone=[] if rejects else [rejected])
 
     def run_unit(self, run_dir: Path, index: int, samples: Sequence[PreparedSample]) -> ShardResult:

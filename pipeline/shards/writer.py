@@ -160,7 +160,7 @@ def write_shard(run_dir: Path, index: int, items: Sequence[Item], *, points: Seq
     entry = ShardEntry(
         name=layout.shard_name(index), num_samples=len(items), num_tokens=int(_offsets(items)[-1]),
         num_loss_tokens=sum(sample.num_loss_tokens for sample, _ in items),
-        files={_relative(run_dir, paths["safetensors"]): {"sha256": st_sha,
+        files={relative(run_dir, paths["safetensors"]): {"sha256": st_sha,
                                                           "bytes": paths["safetensors"].stat().st_size},
                **file_records(run_dir, [paths["parquet"]])},
         dtype=storage.dtype, points=list(points), storage=stored)
@@ -170,7 +170,8 @@ def write_shard(run_dir: Path, index: int, items: Sequence[Item], *, points: Seq
     return entry
 
 
-def _relative(run_dir: Path, path: Path) -> str:
+def relative(run_dir: Path, path: Path) -> str:
+    """`path` as a run names its files: relative to the run directory, with forward slashes."""
     return path.relative_to(Path(run_dir)).as_posix()
 
 

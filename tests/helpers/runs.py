@@ -30,6 +30,15 @@ def extract(out: Path, *overrides: str, fault: str | None = None, timeout: float
                           timeout=timeout)
 
 
+def finished_run(factory, name: str, *overrides: str) -> Path:
+    """A run of `overrides` extracted to completion in a fresh folder of `factory` (pytest's tmp_path_factory): what a
+    test compares other runs of the same command against."""
+    out = factory.mktemp(name) / "run"
+    done = extract(out, *overrides)
+    assert done.returncode == 0, output(done)[-3000:]  # Hydra logs a job's error line to stdout
+    return out
+
+
 def start(out: Path, *overrides: str, fault: str | None = None, trace: Path | None = None,
           log: Path | None = None) -> subprocess.Popen:
     """A run in the background; its output in `log` when given (to watch it while it runs), else in pipes."""

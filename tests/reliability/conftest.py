@@ -3,12 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.runs import SMALL, extract, output
+from tests.helpers.runs import SMALL, finished_run
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, models_root):
-    out = tmp_path_factory.mktemp("finished") / "run"
-    done = extract(out, *SMALL)
-    assert done.returncode == 0, output(done)[-3000:]
-    return out
+    return finished_run(tmp_path_factory, "finished", *SMALL)

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from tests.helpers.runs import SMALL, error_lines, extract, output, shards_of, verify
+from tests.helpers.runs import SMALL, error_lines, extract, finished_run, output, shards_of, verify
 from tests.helpers.sweep import sampled
 
 pytestmark = pytest.mark.reliability
@@ -28,10 +28,7 @@ FULL_DISKS = ["write:rejects.parquet", "write:shard-00000.safetensors", "write:m
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory, models_root):
-    out = tmp_path_factory.mktemp("clean") / "run"
-    done = extract(out, *SMALL)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+    return finished_run(tmp_path_factory, "clean", *SMALL)
 
 
 def test_the_step_list_covers_every_write_of_a_run(clean, tmp_path):

@@ -6,7 +6,7 @@ import uuid
 import pytest
 
 from tests.helpers import seaweed
-from tests.helpers.runs import SMALL, extract
+from tests.helpers.runs import SMALL, finished_run
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +33,4 @@ def s3_url(s3_env):
 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory, models_root):
-    out = tmp_path_factory.mktemp("local") / "run"
-    done = extract(out, *SMALL)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+    return finished_run(tmp_path_factory, "local", *SMALL)

@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.core.stores import open_store
 from tests.helpers import ray_cluster
-from tests.helpers.runs import REPO, SMALL, extract, output
+from tests.helpers.runs import REPO, SMALL, finished_run, output
 from tests.helpers.s3_runs import extract_s3, extract_s3_cmd, s3_run_env, same_run
 
 UNITS = ("data.limit=10", "runner.max_samples_per_shard=1")  # ten units: one node can be lost with units left
@@ -29,10 +29,7 @@ def test_ray_replicas_publish_their_own_units_to_the_same_bytes(local_run, s3_en
 
 @pytest.fixture(scope="module")
 def local_units(tmp_path_factory, models_root):
-    out = tmp_path_factory.mktemp("local-units") / "run"
-    done = extract(out, *SMALL, *UNITS)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+    return finished_run(tmp_path_factory, "local-units", *SMALL, *UNITS)
 
 
 def units_per_node(log: str) -> dict[str, int]:
