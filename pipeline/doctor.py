@@ -17,7 +17,7 @@ import sys
 from typing import Sequence
 
 from pipeline.core.cli import ExitCode, UsageError, interrupts_from_here, run_command
-from pipeline.core.storage import path_arg
+from pipeline.core.storage import location_arg, path_arg
 
 interrupts_from_here(__name__, "doctor")  # before the imports below (seconds): Ctrl-C there is one line too
 
@@ -33,7 +33,8 @@ def parser() -> argparse.ArgumentParser:
                         help="the draft checkpoint (config.json + safetensors)")
     parser.add_argument("--serve", required=True, choices=SERVERS, help="the serving framework")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--run", type=path_arg, help="the run whose shards trained the drafter")
+    source.add_argument("--run", type=location_arg,
+                        help="the run whose shards trained the drafter (a directory, or s3://bucket/prefix)")
     source.add_argument("--export", type=path_arg, help="the export the trainer read (its export.json)")
     parser.add_argument("--target", type=path_arg, help="the target model directory (config.json)")
     parser.add_argument("--serve-version", help="the serving framework's version (default: the one in its environment "

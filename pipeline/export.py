@@ -1,5 +1,5 @@
 """`python -m pipeline.export RUN_DIR --format speculators|specforge --out OUT_DIR [--aux POINTS [--convention C]]
-[--last POINT] [--draft-vocab N] [--states copy|reference] [--storage fp8]`.
+[--last POINT] [--draft-vocab N] [--states copy|reference] [--storage fp8]`; RUN_DIR may be `s3://bucket/prefix`.
 
 Writes a finished, verified run in the layout a trainer reads as it is (pipeline/exports/). POINTS are written as
 `capture.points` takes them: canonical labels or boundaries (b3,b31,b59 or [3,31,59]), or with `--convention` a
@@ -27,7 +27,7 @@ import sys
 from typing import Sequence
 
 from pipeline.core.cli import ExitCode, interrupts_from_here, run_command
-from pipeline.core.storage import path_arg
+from pipeline.core.storage import location_arg, path_arg
 
 interrupts_from_here(__name__, "export")  # before the imports below (seconds): Ctrl-C there is one line too
 
@@ -35,12 +35,14 @@ from pipeline.exports.driver import export_run  # noqa: E402
 from pipeline.exports.formats import FORMATS, exporter_for  # noqa: E402
 from pipeline.exports.slots import aux_labels  # noqa: E402
 from pipeline.points import FRAMEWORKS, split_points  # noqa: E402
-from pipeline.shards.manifest import read_manifest  # noqa: E402
+from pipeline.shards.run_at import RunAt  # noqa: E402
 
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline.export", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=path_arg, help="a finished run directory (manifest.json + shards/)")
+    parser.add_argument("run_dir", type=location_arg,
+                        help="a finished run directory (manifest.json + shards/), or a run on object storage "
+                             "(s3://bucket/prefix: verified through a staged copy, read by ranges)")
     parser.add_argument("--format", required=True, choices=sorted(FORMATS), help="the trainer layout")
     parser.add_argument("--out", required=True, type=path_arg, help="the export directory (new, or a partial export)")
     parser.add_argument("--aux", type=split_points, default=None,
@@ -67,7 +69,7 @@ def _aux(args: argparse.Namespace) -> list[str] | None:
     if args.aux is None:
         return None
     # Native ids are translated by the run's model; canonical labels need no manifest (plan_slots checks them).
-    manifest = {} if args.convention == "canonical" else read_manifest(args.run_dir)
+    manifest = {} if args.convention == "canonical" else RunAt(args.run_dir).manifest()
     return aux_labels(args.aux, convention=args.convention, manifest=manifest)
 
 

@@ -25,8 +25,7 @@ from pipeline.data.regeneration import read_manifest as read_regen_manifest  # n
 from pipeline.shards import attestation  # noqa: E402
 from pipeline.shards.manifest import read_manifest  # noqa: E402
 from pipeline.shards.verify import verify_run  # noqa: E402
-from pipeline.shards.staged import staged  # noqa: E402
-from pipeline.core.stores import open_store  # noqa: E402
+from pipeline.shards.run_at import RunAt  # noqa: E402
 from pipeline.data.regeneration.verify import summary, verify_regeneration  # noqa: E402
 
 
@@ -80,17 +79,15 @@ def verify(argv: Sequence[str] | None) -> ExitCode:
 def _verify_on_store(url: str, key_path: Path | None, scratch: Path | None) -> ExitCode:
     """A run on object storage, read through a staged copy (pipeline.shards.staged): every byte read, as on disk."""
     key = None if key_path is None else attestation.load_public_key(key_path)
-    store = open_store(url)
-    manifest = read_manifest(url, store=store)  # ManifestError: not a finished run
-    with staged(store, scratch) as (root, fetch):
-        problems = [p.replace(str(root), store.url) for p in verify_run(root, key=key, fetch=fetch)]
-        proof = attestation.proof_text(root, key)
+    run = RunAt(url)
+    manifest = run.manifest()  # ManifestError: not a finished run
+    problems, proof = run.verify(key, scratch)
     if problems:
         for problem in problems:
             print(problem, file=sys.stderr)
-        print(f"{len(problems)} problem(s) in {store.url}", file=sys.stderr)
+        print(f"{len(problems)} problem(s) in {run.name}", file=sys.stderr)
         return ExitCode.REFUSED
-    print(_summary(store.url, manifest, proof))
+    print(_summary(run.name, manifest, proof))
     return ExitCode.OK
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from pipeline.config import register_configs
+from tests.helpers import seaweed
 from tests.helpers.sweep import EVERY_CASE
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,3 +111,26 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(inventory())
     except ValueError as e:  # a page the harness refuses: its test says so too
         terminalreporter.write_line(f"documented commands: {e}")
+
+
+# A SeaweedFS server on loopback (one per test worker, started by the first test that needs it), a fresh prefix per test.
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    server = seaweed.start(tmp_path_factory.mktemp("seaweed"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """The server's endpoint and credentials in the standard AWS variables, as a user sets them."""
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    return s3_server
+
+
+@pytest.fixture
+def s3_url(s3_env):
+    return s3_env.url(f"t-{uuid.uuid4().hex[:12]}")

@@ -13,6 +13,7 @@ import base64
 import email.utils
 import errno
 import hashlib
+import logging
 import math
 import os
 import zlib
@@ -33,6 +34,10 @@ UPLOAD_THREADS = 4
 _MAX_PARTS = 10_000  # S3's limit
 _CREDENTIALS = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken", "InvalidToken",
                 "InvalidClientTokenId", "AuthorizationHeaderMalformed"}
+
+# botocore logs at INFO which credential source it found ("Found credentials in environment variables."): a line in
+# every command that configures INFO logging (export, verify), saying nothing a user asked about.
+logging.getLogger("botocore.credentials").setLevel(logging.WARNING)
 
 
 def split_url(url: str) -> tuple[str, str]:

@@ -15,7 +15,9 @@ from pipeline.core.cli import UsageError
 from pipeline.core.jsonfile import Fields, read_fields
 from pipeline.models.info import text_config
 from pipeline.points import Point, PointError, parse_point
-from pipeline.shards.manifest import ManifestError, manifest_path, read_manifest
+from pipeline.shards.layout import MANIFEST_NAME
+from pipeline.shards.manifest import ManifestError
+from pipeline.shards.run_at import RunAt
 
 EXPORT_SIDECAR = "export.json"  # pipeline.exports.sidecar.SIDECAR (the doctor reads it, it does not import exports)
 
@@ -83,12 +85,12 @@ def from_model_dir(target: Target, model_dir: Path) -> None:
     target.sources.append(f"target {model_dir}")
 
 
-def _manifest(run_dir: Path) -> Fields:
+def _manifest(run: RunAt) -> Fields:
     try:
-        manifest = read_manifest(Path(run_dir))
+        manifest = run.manifest()
     except ManifestError as exc:
         raise TargetError(f"--run: {exc}") from None
-    return Fields(manifest, file=f"--run: manifest {manifest_path(run_dir)}", error=TargetError)
+    return Fields(manifest, file=f"--run: manifest {run.where(MANIFEST_NAME)}", error=TargetError)
 
 
 def _none(parent: Fields, key: str) -> Fields:
@@ -116,8 +118,9 @@ def _diff(prov: Fields) -> dict[str, Any] | None:
     return dict(diff.value)
 
 
-def from_run(target: Target, run_dir: Path, *, features: bool = True) -> None:
-    manifest = _manifest(run_dir)
+def from_run(target: Target, run_dir: Path | str, *, features: bool = True) -> None:
+    """`run_dir`: a run directory, or a run on object storage (an `s3://` URL, a string)."""
+    manifest = _manifest(RunAt(run_dir))
     prov = manifest.obj("provenance", optional=True) or _none(manifest, "provenance")
     model = prov.obj("model", optional=True) or _none(prov, "model")
     target.model_type = model.str("model_type", optional=True)
@@ -144,9 +147,9 @@ def from_export(target: Target, export_dir: Path) -> None:
     sidecar = _fields(Path(export_dir) / EXPORT_SIDECAR,
                       "--export (an export is complete once export.json is written)")
     model = sidecar.obj("model", optional=True) or _none(sidecar, "model")
-    run_dir = sidecar.str("run_dir", optional=True)
-    if run_dir and Path(run_dir, "manifest.json").is_file():
-        from_run(target, Path(run_dir), features=False)
+    run_dir = sidecar.str("run_dir", optional=True)  # a path, or the run's s3:// URL
+    if run_dir and RunAt(run_dir).has_manifest():
+        from_run(target, run_dir, features=False)
     target.model_type = target.model_type or model.str("model_type", optional=True)
     target.num_layers = target.num_layers or model.int("num_layers", optional=True, minimum=1)
     target.hidden_size = target.hidden_size or sidecar.int("hidden_size", optional=True)
@@ -166,7 +169,7 @@ def from_export(target: Target, export_dir: Path) -> None:
     target.sources.append(f"export {export_dir}")
 
 
-def gather(*, run: Path | None, export: Path | None, model_dir: Path | None) -> Target:
+def gather(*, run: Path | str | None, export: Path | None, model_dir: Path | None) -> Target:
     target = Target()
     if export is not None:
         from_export(target, export)

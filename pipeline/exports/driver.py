@@ -21,16 +21,15 @@ from pipeline.core.outdir import Layout, unusable_dir
 from pipeline.exports import vocab
 from pipeline.exports.base import Exporter, ExportSample
 from pipeline.exports.progress import ExportProgress
-from pipeline.exports.run_states import run_fingerprint
 
 log = logging.getLogger(__name__)
 from pipeline.exports.sidecar import build, export_dir, finish, plan_record
 from pipeline.exports.slots import ExportError, RunDoesNotVerify, SlotPlan, plan_slots
 from pipeline.exports.unnorm import Unnorm
 from pipeline.shards.layout import check_out
-from pipeline.shards.manifest import ManifestError, read_manifest
+from pipeline.shards.manifest import ManifestError
 from pipeline.shards.reader import RunReader
-from pipeline.shards.verify import verify_run
+from pipeline.shards.run_at import RunAt
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,17 +43,18 @@ class ExportResult:
     seconds: float
 
 
-def _manifest(run_dir: Path) -> dict:
+def _manifest(run: RunAt) -> dict:
     try:
-        return read_manifest(run_dir)
+        return run.manifest()
     except ManifestError as exc:
         raise ExportError(f"not a finished run: {exc}") from None
 
 
-def _verify(run_dir: Path) -> None:
-    if problems := verify_run(run_dir):
-        raise RunDoesNotVerify(f"run {run_dir} does not verify ({len(problems)} problem(s), first: "
-                               f"{problems[0]}); see python -m pipeline.verify {run_dir}")
+def _verify(run: RunAt) -> None:
+    problems, _ = run.verify()
+    if problems:
+        raise RunDoesNotVerify(f"run {run.name} does not verify ({len(problems)} problem(s), first: "
+                               f"{problems[0]}); see python -m pipeline.verify {run.name}")
 
 
 def _samples(reader: RunReader) -> Iterator[tuple[int, str, int]]:
@@ -98,26 +98,27 @@ def _tokens(reader: RunReader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         yield row["input_ids"], row["loss_mask"]
 
 
-def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[str] | None = None,
+def export_run(run_dir: Path | str, out: Path, exporter: Exporter, *, aux: Sequence[str] | None = None,
                last: str | None = None, verify: bool = True, draft_vocab: int | None = None,
                states: str = "copy") -> ExportResult:
     """Export `run_dir` into `out` with `exporter`'s layout; ExportError says why a run or `out` does not fit.
     `draft_vocab` N (speculators only): also the trainer's token frequencies and d2t/t2d for the N most frequent
     trained tokens (exports/vocab.py). `states="reference"` (speculators only): no state is copied; the trainer reads
-    them from the run (pipeline.exports.run_states), and the sidecar fingerprints the run's files."""
-    run_dir, out = Path(run_dir), Path(out)
-    manifest = _manifest(run_dir)
+    them from the run (pipeline.exports.run_states), and the sidecar fingerprints the run's files. `run_dir` may be
+    an `s3://bucket/prefix` URL (a string): the run is verified through a staged copy and read by ranges."""
+    run, out = RunAt(run_dir), Path(out)
+    manifest = _manifest(run)
     check_out(out, f"--out {out}", ExportError, writable=False)  # before anything is planned or read
     num_layers = ((manifest.get("provenance") or {}).get("model") or {}).get("num_layers")
     if not isinstance(num_layers, int):
-        raise ExportError(f"run {run_dir}: its manifest's provenance has no model.num_layers, so bN is unknown")
+        raise ExportError(f"run {run.name}: its manifest's provenance has no model.num_layers, so bN is unknown")
     plan = plan_slots(exporter.layout, run_points=manifest["points"], num_layers=num_layers, aux=aux, last=last)
-    record = plan_record(run_dir, manifest, exporter.layout, plan)
+    record = plan_record(run, manifest, exporter.layout, plan)
     files = _states_files(exporter, record, states)
-    files, target_vocab = _draft_vocab_files(run_dir, manifest, exporter.layout.name, files, record, draft_vocab)
-    sidecar = build(run_dir, manifest, exporter.layout, plan, record)  # before any file: it cannot fail at the end
+    files, target_vocab = _draft_vocab_files(run.name, manifest, exporter.layout.name, files, record, draft_vocab)
+    sidecar = build(run, manifest, exporter.layout, plan, record)  # before any file: it cannot fail at the end
     if states == "reference":
-        sidecar["run_files"] = run_fingerprint(run_dir, manifest)
+        sidecar["run_files"] = run.fingerprint(manifest)
     progress = ExportProgress(name=exporter.layout.name, num_samples=manifest["num_samples"],
                               num_tokens=manifest["num_tokens"])
     complete = ExportResult(out=out, status="complete", plan=plan, written=0, skipped=manifest["num_samples"],
@@ -125,17 +126,17 @@ def export_run(run_dir: Path, out: Path, exporter: Exporter, *, aux: Sequence[st
     kind = export_dir(files)
     if lifecycle.inspect(out, record, overwrite=False, kind=kind) == "complete":  # before the full-read verification
         return complete
-    unnorm = Unnorm.of_run(manifest, run_dir) if plan.last_unnormed else None  # before anything is written
+    unnorm = Unnorm.of_run(manifest, run.name) if plan.last_unnormed else None  # before anything is written
     if (why := unusable_dir(out)) is not None:  # a path through a regular file, a read-only directory
         raise ExportError(f"--out {out} {why}")
     if verify:
-        _verify(run_dir)
+        _verify(run)
     with lifecycle.claim(out, kind=kind):
         found = lifecycle.inspect(out, record, overwrite=False, kind=kind)  # what another export did meanwhile
         if found == "complete":
             return complete
         lifecycle.prepare(out, record, found, kind)
-        with RunReader(run_dir) as reader, progress:
+        with RunReader(run.location) as reader, progress:
             if states == "copy":
                 _write_samples(reader, exporter, plan, out, progress, unnorm)
             index_files = exporter.finish(out, _tokens(reader))
@@ -168,7 +169,7 @@ def _states_files(exporter: Exporter, record: dict, states: str) -> Layout:
     return replace(exporter.files, dirs={})
 
 
-def _draft_vocab_files(run_dir: Path, manifest: Mapping[str, Any], layout_name: str, files: Layout, record: dict,
+def _draft_vocab_files(run_name: str, manifest: Mapping[str, Any], layout_name: str, files: Layout, record: dict,
                        draft_vocab: int | None) -> tuple[Layout, int | None]:
     """The export's files, with --draft-vocab N (speculators only) its vocabulary files too, and the target's
     vocabulary size; N recorded in the plan only when asked (the plans of exports without it stay as they were)."""
@@ -177,7 +178,7 @@ def _draft_vocab_files(run_dir: Path, manifest: Mapping[str, Any], layout_name: 
     if layout_name != "speculators":
         raise ExportError(f"--draft-vocab writes speculators' vocabulary files; the {layout_name} "
                           "layout does not read them")
-    target_vocab = vocab.target_vocab_size(manifest, run_dir)
+    target_vocab = vocab.target_vocab_size(manifest, run_name)
     vocab.check_size(draft_vocab, target_vocab)
     record["draft_vocab"] = draft_vocab
     return replace(files, files=files.files + vocab.names(draft_vocab)), target_vocab

@@ -1,12 +1,13 @@
 """A reference export's states, read from the run itself: sample i as speculators' trainer takes it, checked on arrival.
 
 `python -m pipeline.export RUN --format speculators --states reference` copies no state. Its export.json names the run
-(path, manifest sha256, attestation digest, and the size and mtime of every file the manifest lists: `run_files`) and
-the slot plan; the trainer reads each sample's states from the run's shards through `RunStates` (the backend in
+(its path or `s3://` URL, manifest sha256, attestation digest, and the size and mtime, or an object's size and ETag, of
+every file the manifest lists: `run_files`) and the slot plan; the trainer reads each sample's states from the run's shards through `RunStates` (the backend in
 pipeline/trainers/ wraps it for speculators). A run moved, replaced or edited after the export is refused when the
 trainer starts, in one line naming what changed; `check(key=PUB)` also proves the run as `pipeline.verify --key` does
 (every file hashed: a full read). A file edited in place that kept its size and mtime is caught only by that full
-check, as by `pipeline.verify`.
+check, as by `pipeline.verify`. A run in a bucket is read from it directly (`RunReader`'s ranged reads: a training node
+needs no copy of the run).
 
 On arrival `sample(i)` checks what speculators' cached path does not (it checks token equality only, and turns a
 mismatch into a silently skipped sample): the shape, finite values, and token ids equal to the export's dataset row.
@@ -15,14 +16,12 @@ a time per process (a trainer's data loader worker), so resident memory stays bo
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Mapping
 
 import pyarrow as pa
 import torch
 
-from pipeline.core.io import sha256_file
 from pipeline.core.jsonfile import read_object
 from pipeline.exports.slots import ExportError
 from pipeline.exports.speculators import ARROW_FILE
@@ -30,7 +29,7 @@ from pipeline.exports.unnorm import Unnorm
 from pipeline.shards import attestation
 from pipeline.shards import layout as shard_layout
 from pipeline.shards.reader import RunReader
-from pipeline.shards.verify import verify_run
+from pipeline.shards.run_at import RunAt
 
 FINITE_BLOCK_BYTES = 4 << 20  # the finite check's blocks of tokens (_finite)
 SIDECAR = "export.json"  # pipeline.exports.sidecar.SIDECAR (imported there from here would be a cycle)
@@ -38,17 +37,6 @@ SIDECAR = "export.json"  # pipeline.exports.sidecar.SIDECAR (imported there from
 
 class RunStatesError(ExportError):
     """A reference export whose run is not the one it was made from, or a sample that fails a check on arrival."""
-
-
-def run_fingerprint(run_dir: Path, manifest: Mapping[str, Any]) -> dict[str, dict[str, int]]:
-    """Size and mtime of every file the manifest lists (its shards): what a trainer's start compares without reading
-    them."""
-    rels = sorted({rel for entry in manifest["shards"] for rel in entry["files"]})
-    out = {}
-    for rel in rels:
-        st = os.stat(Path(run_dir) / rel)
-        out[rel] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
-    return out
 
 
 class RunStates:
@@ -77,41 +65,40 @@ class RunStates:
         if sidecar.get("states") != "reference":
             raise RunStatesError(f"{self.export_dir}: not a reference export (export.json has no states: reference); "
                                  "its states are in its own files: train it with speculators' file backend")
-        run_dir = Path(sidecar["run_dir"])
-        manifest_path = run_dir / shard_layout.MANIFEST_NAME
-        if not manifest_path.is_file():
-            raise RunStatesError(f"{self.export_dir}: its run {run_dir} is gone (moved or removed: no "
+        run = RunAt(sidecar["run_dir"])  # a path, or the run's s3:// URL (read from the bucket)
+        if not run.has_manifest():
+            raise RunStatesError(f"{self.export_dir}: its run {run.name} is gone (moved or removed: no "
                                  f"{shard_layout.MANIFEST_NAME}); export the run again from where it is now")
-        if sha256_file(manifest_path) != sidecar["run_manifest_sha256"]:
-            raise RunStatesError(f"{manifest_path} is not the manifest {self.export_dir} was exported from (another "
+        manifest_at = run.where(shard_layout.MANIFEST_NAME)
+        if run.manifest_sha256() != sidecar["run_manifest_sha256"]:
+            raise RunStatesError(f"{manifest_at} is not the manifest {self.export_dir} was exported from (another "
                                  "run at that path, or the run was rewritten); export it again")
-        if attestation.record(run_dir) != sidecar["run_attestation"]:
-            raise RunStatesError(f"{run_dir / shard_layout.ATTESTATION_NAME} changed since {self.export_dir} was "
+        if run.attestation() != sidecar["run_attestation"]:
+            raise RunStatesError(f"{run.where(shard_layout.ATTESTATION_NAME)} changed since {self.export_dir} was "
                                  "exported; verify the run and export it again")
         for rel, want in sidecar["run_files"].items():
-            self._check_file(run_dir, rel, want)
+            self._check_file(run, rel, want)
         if key is not None:
-            self._prove(run_dir, key)
+            self._prove(run, key)
         return sidecar
 
-    def _check_file(self, run_dir: Path, rel: str, want: Mapping[str, int]) -> None:
-        path = run_dir / rel
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            raise RunStatesError(f"{path} is missing: the run changed since {self.export_dir} was exported") from None
-        if st.st_size != want["bytes"]:
-            raise RunStatesError(f"{path} is {st.st_size} bytes, {want['bytes']} when {self.export_dir} was exported: "
-                                 f"the run changed (python -m pipeline.verify {run_dir})")
-        if st.st_mtime_ns != want["mtime_ns"]:
+    def _check_file(self, run: RunAt, rel: str, want: Mapping[str, int]) -> None:
+        why, path = run.changed(rel, want), run.where(rel)
+        if why == "missing":
+            raise RunStatesError(f"{path} is missing: the run changed since {self.export_dir} was exported")
+        if why == "modified":
             raise RunStatesError(f"{path} was modified after {self.export_dir} was exported: the run changed "
-                                 f"(python -m pipeline.verify {run_dir})")
+                                 f"(python -m pipeline.verify {run.name})")
+        if why is not None:
+            raise RunStatesError(f"{path} is {why} when {self.export_dir} was exported: the run changed "
+                                 f"(python -m pipeline.verify {run.name})")
 
     @staticmethod
-    def _prove(run_dir: Path, key: str | Path) -> None:
+    def _prove(run: RunAt, key: str | Path) -> None:
         public = attestation.load_public_key(key)
-        if problems := verify_run(run_dir, key=public):
-            raise RunStatesError(f"run {run_dir} is not proven by {key} ({len(problems)} problem(s), first: "
+        problems, _ = run.verify(key=public)
+        if problems:
+            raise RunStatesError(f"run {run.name} is not proven by {key} ({len(problems)} problem(s), first: "
                                  f"{problems[0]})")
 
     # -- per sample ---------------------------------------------------------------------------------------------------
@@ -127,7 +114,8 @@ class RunStates:
             self.within = None if indices == list(range(min(indices), max(indices) + 1)) else \
                 torch.tensor([i - min(indices) for i in indices], dtype=torch.long)
             self.unnorm = None
-            self._reader = RunReader(Path(sidecar["run_dir"]))
+            run = RunAt(sidecar["run_dir"])
+            self._reader = RunReader(run.location)
             if sidecar["last_state"].get("derived"):
                 self.unnorm = Unnorm.of_run(self._reader.manifest, self._reader.run_dir)
             self._ids = self._reader.sample_ids

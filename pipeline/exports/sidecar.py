@@ -12,13 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.core.io import sha256_file, sha256_json
+from pipeline.core.io import sha256_json
 from pipeline.core.lifecycle import DirKind
 from pipeline.core.jsonfile import read_object
 from pipeline.core.outdir import Layout, remove, write_json
 from pipeline.exports.slots import ExportError, SlotPlan, TrainerLayout, serving_ids
-from pipeline.shards import attestation
-from pipeline.shards import layout as shard_layout
+from pipeline.shards.run_at import RunAt
 from pipeline.shards.storage import of_manifest
 
 SIDECAR = "export.json"
@@ -33,16 +32,16 @@ def export_layout(files: Layout) -> Layout:
     return Layout(kind=f"{files.kind} export", files=files.files, dirs=files.dirs, start=PLAN, done=SIDECAR)
 
 
-def plan_record(run_dir: Path, manifest: Mapping[str, Any], layout: TrainerLayout, plan: SlotPlan) -> dict:
+def plan_record(run: RunAt, manifest: Mapping[str, Any], layout: TrainerLayout, plan: SlotPlan) -> dict:
     """What identifies an export: the run (its manifest's bytes and provenance digest), the layout and the slots."""
     return {"format": layout.name, "trainer": layout.trainer,
-            "run_manifest_sha256": sha256_file(Path(run_dir) / shard_layout.MANIFEST_NAME),
+            "run_manifest_sha256": run.manifest_sha256(),
             "run_provenance_digest": manifest.get("provenance_digest"),
             "slots": [p.label for p in plan.points],
             **({"last_unnormed": True} if plan.last_unnormed else {})}  # absent otherwise: earlier plans unchanged
 
 
-def build(run_dir: Path, manifest: Mapping[str, Any], layout: TrainerLayout, plan: SlotPlan,
+def build(run: RunAt, manifest: Mapping[str, Any], layout: TrainerLayout, plan: SlotPlan,
           record: Mapping[str, Any]) -> dict:
     """The sidecar's content; the driver adds `files` once they are written."""
     model = (manifest.get("provenance") or {}).get("model") or {}
@@ -57,8 +56,8 @@ def build(run_dir: Path, manifest: Mapping[str, Any], layout: TrainerLayout, pla
         "sidecar_version": SIDECAR_VERSION, **record, "plan_sha256": sha256_json(record),
         # the run's attestation (sha256 of the file and of its statement, the keyids its signatures claim, unchecked);
         # None: the run has none (format 1 and 2). `python -m pipeline.verify RUN --key PUB` proves the run it names.
-        "run_attestation": attestation.record(run_dir),
-        "run_dir": str(Path(run_dir).resolve()), "run_points": manifest["points"], "dtype": storage.capture_dtype,
+        "run_attestation": run.attestation(),
+        "run_dir": run.name, "run_points": manifest["points"], "dtype": storage.capture_dtype,  # run_dir: or s3://
         "hidden_size": manifest["hidden_size"], "num_samples": manifest["num_samples"],
         "num_tokens": manifest["num_tokens"], "model": {"model_type": model_type, "num_layers": num_layers},
         "slots": slots, "last_state": {"point": plan.last.label, "derived": plan.last_unnormed, "how": how,

@@ -171,19 +171,33 @@ def write(run_dir: Path, manifest: Mapping[str, Any], manifest_text: str,
         write_text_atomic(Path(run_dir) / NAME, text)
 
 
-def record(run_dir: Path) -> dict[str, Any] | None:
+def record(run_dir: Path | None, *, store: Store | None = None) -> dict[str, Any] | None:
     """What an export carries: the attestation's sha256 (the file's), its statement's, and the keyids its signatures
     claim (`claimed_keyids`: a label anyone can write; `pipeline.verify RUN --key PUB` is what checks one); None for
-    a run without one (format 1 and 2)."""
-    path = Path(run_dir) / NAME
-    if not path.is_file():
-        return None
-    env, problem = _read(path)
+    a run without one (format 1 and 2). `store`: the run is that store's (object storage), `run_dir` unused."""
+    if store is not None:
+        if (info := store.head(NAME)) is None:
+            return None
+        raw, digest = store.get(NAME, 0, MAX_BYTES + 1), _object_sha256(store, NAME, info.size)
+    else:
+        path = Path(run_dir) / NAME
+        if not path.is_file():
+            return None
+        raw, digest = read_bounded(path, MAX_BYTES), sha256_file(path)
+    env, problem = _parsed(raw)
     payload, _, problem = _statement(env) if problem is None else (b"", {}, problem)
     if problem:
-        return {"sha256": sha256_file(path), "statement_sha256": None, "claimed_keyids": []}
-    return {"sha256": sha256_file(path), "statement_sha256": hashlib.sha256(payload).hexdigest(),
+        return {"sha256": digest, "statement_sha256": None, "claimed_keyids": []}
+    return {"sha256": digest, "statement_sha256": hashlib.sha256(payload).hexdigest(),
             "claimed_keyids": sorted({str(s.get("keyid")) for s in env["signatures"] if isinstance(s, dict)})}
+
+
+def _object_sha256(store: Store, key: str, size: int, chunk: int = 32 << 20) -> str:
+    """sha256 of an object, read by ranges (memory bounded by `chunk` whatever its size)."""
+    h = hashlib.sha256()
+    for start in range(0, size, chunk):
+        h.update(store.get(key, start, min(size, start + chunk)))
+    return h.hexdigest()
 
 
 def _read(path: Path) -> tuple[dict[str, Any], str | None]:
@@ -192,6 +206,19 @@ def _read(path: Path) -> tuple[dict[str, Any], str | None]:
         env = jsonfile.read(path, ValueError, max_bytes=MAX_BYTES)
     except ValueError as exc:
         return {}, f"{NAME} is not JSON ({exc})"
+    return _envelope(env)
+
+
+def _parsed(raw: bytes) -> tuple[dict[str, Any], str | None]:
+    """The envelope in `raw`, or why it is not one."""
+    try:
+        env = jsonfile.parse(raw, ValueError, where=NAME, max_bytes=MAX_BYTES)
+    except ValueError as exc:
+        return {}, f"{NAME} is not JSON ({exc})"
+    return _envelope(env)
+
+
+def _envelope(env: Any) -> tuple[dict[str, Any], str | None]:
     if not isinstance(env, dict) or env.get("payloadType") != PAYLOAD_TYPE or not isinstance(env.get("payload"), str) \
             or not isinstance(env.get("signatures"), list):
         return {}, f"{NAME} is not a DSSE envelope of an in-toto statement (payloadType {PAYLOAD_TYPE!r}, payload, " \

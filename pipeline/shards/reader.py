@@ -139,10 +139,11 @@ class RunReader:
         """Position in the manifest's shard list of the shard holding `sample_id`."""
         return self._location(sample_id).shard
 
-    def tensor_file(self, shard: int) -> Path:
-        """The safetensors file of one shard (position in the manifest's shard list) of a local run."""
+    def tensor_file(self, shard: int) -> Path | str:
+        """The safetensors file of one shard (position in the manifest's shard list): its path, or its object's URL
+        for a run on object storage (read by ranges, never as a file)."""
         if self.store is not None:
-            raise ValueError(f"{self.run_dir} is in object storage: its shards are read by ranges, not as files")
+            return f"{self.store.url}/{self._tensor_keys[shard]}"
         return self.run_dir / self._tensor_keys[shard]
 
     def release(self, shard: int) -> None:

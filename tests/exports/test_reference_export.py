@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from tests.exports.conftest import cli, extract
+from tests.helpers.seaweed import SECRET, upload_run
 from tests.helpers.trainers import SPECULATORS_PYTHON, speculators_train
 
 from pipeline.exports.run_states import RunStates, RunStatesError
@@ -92,6 +93,24 @@ def test_speculators_cli_trains_the_same_draft_from_the_run(trained):
     assert "--hidden-states-backend pipeline-run" in (ref / "1" / "train_command.txt").read_text()
     for epoch in ("0", "1"):
         assert (full / epoch / "model.safetensors").read_bytes() == (ref / epoch / "model.safetensors").read_bytes()
+
+
+def test_the_trainer_reads_a_run_in_a_bucket_and_trains_the_same_draft(trained, llama_run, s3_url, models_root,
+                                                                       tmp_path):
+    """A training node with no copy of the run: the states read from the bucket by ranges, in a data loader worker
+    (the backend pickled into it, its own S3 client there), give every loss and every weight of the run on disk."""
+    upload_run(llama_run, s3_url)
+    proc = _export(s3_url, tmp_path / "ref", "--states", "reference")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "ref" / "export.json").read_text())["run_dir"] == s3_url
+    done = _train(models_root, tmp_path / "ref", tmp_path / "ckpt", workers=1)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert SECRET not in done.stdout + done.stderr
+    ref, ref_losses = trained["ref"]
+    assert [(int(i), v) for i, v in LOSS.findall(done.stdout)] == ref_losses
+    for epoch in ("0", "1"):
+        assert (tmp_path / "ckpt" / epoch / "model.safetensors").read_bytes() == \
+            (ref / epoch / "model.safetensors").read_bytes()
 
 
 def test_the_doctor_reads_a_reference_export(trained, exports, models_root, tmp_path):

@@ -3,6 +3,7 @@ as the same command's run on disk, read back as a run; a kill -9 at a write step
 the same bytes with no upload left unfinished; one writer per prefix; bad locations refused in one line."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -45,7 +46,7 @@ def test_a_run_on_s3_is_the_local_runs_bytes_and_reads_as_a_run(local_run, s3_en
     same_run(s3_url, local_run)
 
 
-def test_the_documented_command_writes_a_run_to_the_bucket(s3_env):
+def test_the_documented_command_writes_a_run_to_the_bucket(s3_env, tmp_path):
     """docs/how-to/object-storage.md, as written (the bucket `runs` is the server's)."""
     doc = ".venv/bin/python -m pipeline.extract out_dir=s3://runs/first gate.mode=off data.limit=6"
     done = subprocess.run(["bash", "-c", doc], cwd=REPO, env=env_with(**s3_env.env), capture_output=True, text=True,
@@ -59,6 +60,13 @@ def test_the_documented_command_writes_a_run_to_the_bucket(s3_env):
                           text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.startswith("sound: s3://runs/first: 1 shard(s), 6 samples"), \
         output(done)
+    export = (  # verbatim, as the page's harness requires
+        ".venv/bin/python -m pipeline.export s3://runs/first --format speculators --last final_norm --states reference --out first-export")  # noqa: E501
+    (tmp_path / ".venv").symlink_to(REPO / ".venv")  # the page's relative paths, its export outside the checkout
+    done = subprocess.run(["bash", "-c", export], cwd=tmp_path, env=env_with(**s3_env.env), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "exported 6 samples to first-export" in done.stdout, output(done)
+    assert json.loads((tmp_path / "first-export" / "export.json").read_text())["run_dir"] == "s3://runs/first"
 
 
 def verify_s3(url: str, server, *args: str) -> subprocess.CompletedProcess:

@@ -1,7 +1,8 @@
 """A URL where a command takes a local path is refused in one line naming it, exit 2, nothing written: before, extract
 with `out_dir=s3://runs/r1` wrote the local directory `./s3:/runs/r1` and exited 0, and verify reported its problems
-"in s3:/runs/r1". (extract's out_dir and verify take `s3://` now: tests/storage/test_extract_to_s3.py; a URL a path
-already swallowed, `s3:/runs/r1`, and a scheme other than s3 are still refused.)"""
+"in s3:/runs/r1". (extract's out_dir and verify take `s3://` now: tests/storage/test_extract_to_s3.py; export's RUN and doctor's
+--run: tests/exports/test_export_from_s3.py; a URL a path already swallowed, `s3:/runs/r1`, and a scheme other than
+s3 are still refused.)"""
 from __future__ import annotations
 
 import subprocess
@@ -15,9 +16,7 @@ COMMANDS = {
     "extract data.path": ["pipeline.extract", f"data.path={URL}/data.jsonl", "out_dir=run"],
     "regenerate out_dir": ["pipeline.regenerate", f"out_dir={URL}"],
     "verify": ["pipeline.verify", "s3:/runs/r1"],
-    "export run": ["pipeline.export", URL, "--format", "speculators", "--out", "export"],
     "export --out": ["pipeline.export", "run", "--format", "speculators", "--out", URL],
-    "doctor --run": ["pipeline.doctor", "--draft", "draft", "--serve", "vllm", "--run", URL],
     "accept --export": ["pipeline.accept", "--draft", "draft", "--serve", "vllm", "--export", URL, "--prompts",
                         "p.jsonl", "--out", "report"],
 }
