@@ -170,6 +170,10 @@ class RegenStage:
         write_marker(paths["marker"], {"index": index, "files": files, "counts": counts})
         return RegenResult(index=index, rejects=rejects, counts=counts, files=files)
 
+    def publish(self, run_dir: Path, result: RegenResult) -> RegenResult:
+        """A regeneration directory is on disk: a part is in place once written."""
+        return result
+
 
 def _progress_every() -> float:
     try:

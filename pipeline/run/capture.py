@@ -114,7 +114,7 @@ class CaptureStage:
     def write(self, run_dir: Path, index: int, samples: Sequence[PreparedSample],
               captures: Mapping[str, Capture]) -> ShardResult:
         """The driver's half: validate every capture against its prepared sample, write the shard and its rejects (a
-        run on object storage: into this node's spool, then published)."""
+        run on object storage: into this node's spool; `publish` uploads them)."""
         cfg = self.settings
         run_dir = cfg.target.spool() if cfg.target is not None else run_dir
         items, rejects = [], []
@@ -140,19 +140,22 @@ class CaptureStage:
             entry = write_shard(run_dir, index, items, points=[p.label for p in cfg.points],
                                 storage_dtype=cfg.storage_dtype, metadata=cfg.metadata,
                                 before_marker=partial(cfg.check_lease, run_dir))
-        if cfg.target is not None:
-            self._publish(run_dir, index, entry, rejects)
         return ShardResult(index=index, entry=entry, rejects=rejects)
 
-    def _publish(self, spool: Path, index: int, entry: ShardEntry | None, rejects: Sequence[Reject]) -> None:
-        """The unit written in the spool, published to the run's store: its rejects, its shard's files, its marker."""
+    def publish(self, run_dir: Path, result: ShardResult) -> ShardResult:
+        """A unit written in the spool, published to the run's store: its rejects, its shard's files, its marker (on
+        disk the unit is in place once written)."""
+        if self.settings.target is None:
+            return result
+        spool, index = self.settings.target.spool(), result.index
         rejected = relative(spool, rejects_path(spool, index))
-        files = ([rejected] if rejects else []) + (list(entry.files) if entry is not None else [])
-        marker = relative(spool, shard_paths(spool, index)["marker"]) if entry is not None else None
-        self.settings.target.publish(spool, files, marker, gone=[] if rejects else [rejected])
+        files = ([rejected] if result.rejects else []) + (list(result.entry.files) if result.entry is not None else [])
+        marker = relative(spool, shard_paths(spool, index)["marker"]) if result.entry is not None else None
+        self.settings.target.publish(spool, files, marker, gone=[] if result.rejects else [rejected])
+        return result
 
     def run_unit(self, run_dir: Path, index: int, samples: Sequence[PreparedSample]) -> ShardResult:
-        return self.write(run_dir, index, samples, self.capture(samples))
+        return self.publish(run_dir, self.write(run_dir, index, samples, self.capture(samples)))
 
 
 def mixed_threads(shard_metadata: Callable[[str], Mapping[str, str]], finished: Sequence[ShardResult],

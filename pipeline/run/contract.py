@@ -32,11 +32,15 @@ class UnitResult:
 
 
 class Stage(Protocol):
-    """A stage bound to one engine: `compute` is the engine's half of a unit, `write` the driver's."""
+    """A stage bound to one engine: `compute` is the engine's half of a unit, `write` the driver's, and `publish`
+    puts what `write` wrote where the job's directory is (a run on object storage: the unit's files uploaded from
+    the spool; on disk: nothing to do). A unit is done once published."""
 
     def compute(self, items: Sequence[Any]) -> Any: ...
 
     def write(self, run_dir: Path, index: int, items: Sequence[Any], computed: Any) -> UnitResult: ...
+
+    def publish(self, run_dir: Path, result: UnitResult) -> UnitResult: ...
 
 
 class StagePlan(Protocol):
@@ -69,15 +73,20 @@ def unfinished_units(run_dir: Path, num_units: int, on_finished: Callable[[Any],
 
 def run_units(stage: Stage, run_dir: Path, units: Iterable[tuple[int, Sequence[Any]]],
               on_done: Callable[[Any], None], *, overlap: bool) -> None:
-    """Run units in order; with `overlap`, unit k is written on a thread while the engine computes unit k+1.
+    """Run units in order; with `overlap`, unit k is written and published on a thread while the engine computes unit
+    k+1.
 
     Overlapped, at most two units' results are in memory (the one being written, the one just computed). A failed
     write surfaces at the next unit boundary; a failed compute waits for the write in flight, so no unit is left
-    half written by this process.
+    half written by this process. (Publishing unit k on a third thread while unit k+1 is written gained nothing on 2
+    cores, where the writer, the upload and the server compete for them: bench/README.md, s3_write.)
     """
+    def write(index: int, items: Sequence[Any], computed: Any) -> UnitResult:
+        return stage.publish(run_dir, stage.write(run_dir, index, items, computed))
+
     if not overlap:
         for index, items in units:
-            on_done(stage.write(run_dir, index, items, stage.compute(items)))
+            on_done(write(index, items, stage.compute(items)))
         return
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="unit-writer") as writer:
         pending: Future[UnitResult] | None = None
@@ -85,7 +94,6 @@ def run_units(stage: Stage, run_dir: Path, units: Iterable[tuple[int, Sequence[A
             computed = stage.compute(items)
             if pending is not None:
                 on_done(pending.result())
-            pending = writer.submit(stage.write, run_dir, index, items, computed)
+            pending = writer.submit(write, index, items, computed)
         if pending is not None:
             on_done(pending.result())
-

@@ -117,7 +117,7 @@ class CaptureActor:
             # The engine process is gone: end this actor so Ray restarts it (a fresh engine) and retries its units.
             log.exception("engine died during unit %d; restarting the actor", index)
             os._exit(1)
-        return stage.write(Path(run_dir), index, samples, captures)
+        return stage.publish(Path(run_dir), stage.write(Path(run_dir), index, samples, captures))
 
 
 class RayExecutor(Executor):

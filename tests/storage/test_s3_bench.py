@@ -20,3 +20,19 @@ def test_the_s3_bench_runs_and_the_upload_memory_stays_bounded():
     upload, peak, bound, read = map(float, found.groups())
     assert upload > 0 and read > 0  # rates, measured; their goals live in the bench's figures, not in a timed test
     assert peak <= bound * 1.25, f"a 160 MB upload grew the process by {peak} MB; parts in flight are {bound} MB"
+
+
+def test_the_s3_write_bench_runs_and_the_writers_memory_stays_bounded():
+    """bench/s3_write.py (units written to a bucket as extract writes them, against the raw upload of the same bytes)
+    at its smallest size; the S3 path's peak memory above the local writer's is at most the upload's parts in flight
+    plus a margin for the client's own buffers (a size, not a timing)."""
+    done = subprocess.run([sys.executable, "bench/s3_write.py", "--tokens-per-unit", "512", "--units", "2",
+                           "--repeats", "1"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    found = re.fullmatch(r"s3_write: ratio=([\d.]+) local_gbs=([\d.]+) s3_gbs=([\d.]+) raw_gbs=([\d.]+) "
+                         r"peak_local_mib=(\d+) peak_s3_mib=(\d+) parts_mib=(\d+)", last)
+    assert found, done.stdout
+    ratio, local, s3, raw, peak_local, peak_s3, parts = map(float, found.groups())
+    assert min(ratio, local, s3, raw) > 0
+    assert peak_s3 <= peak_local + parts + 64, f"the S3 path grew the process by {peak_s3} MiB ({peak_local} local)"
