@@ -169,20 +169,33 @@ def free_port() -> int:
 
 @pytest.fixture
 def ray_head():
-    """A real Ray head, every listener on 127.0.0.1; stopped afterwards."""
+    """A real Ray head, every listener on 127.0.0.1; afterwards its own processes (found by its temp dir, and the
+    Ray processes `ray start` left) and their children stopped by pid: `ray stop` would stop every Ray on the
+    machine."""
     import tempfile
+
+    from tests.helpers.ray_cluster import Cluster
+    from tests.helpers.seaweed import _free_ports
 
     ray_cli = str(Path(sys.executable).parent / "ray")
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's unix socket paths must fit 107 bytes
-    port, dash = free_port(), free_port()
+    port, dash, client, agent, agent_grpc, metrics, runtime_env = _free_ports(7)
+    # every listener on a port of its own: with Ray's defaults the job agent of a head started beside another Ray
+    # cannot bind, and every submission is refused ("No available agent to submit job")
     start = [ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
-             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2", "--disable-usage-stats",
-             f"--temp-dir={temp_dir}"]
-    subprocess.run(start, env=ENV, check=True, capture_output=True, timeout=120)
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
+             f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
+             f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}", "--num-cpus=2",
+             "--disable-usage-stats", f"--temp-dir={temp_dir}"]
+    before = set(psutil.pids())
+    head = Cluster(address=f"127.0.0.1:{port}", temp=Path(temp_dir), env=ENV, second_port=0)
     try:
+        subprocess.run(start, env=ENV, check=True, capture_output=True, timeout=120)
+        head.pids = {p.pid for p in psutil.process_iter(["pid", "cmdline"])
+                     if p.pid not in before and "ray" in " ".join(p.info["cmdline"] or []).lower()}
         yield f"http://127.0.0.1:{dash}"
     finally:
-        subprocess.run([ray_cli, "stop", "--force"], env=ENV, capture_output=True, timeout=120)
+        head.stop()
 
 
 def test_ray_job_submit_of_the_tiny_default(ray_head, tmp_path):
