@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Iterator, Protocol
 
 from pipeline.core.cli import RunFailed, UsageError
 
@@ -65,6 +65,16 @@ class Store(Protocol):
     def upload(self, key: str, path: Path) -> ObjectInfo: ...
     def delete(self, key: str, *, match: str | None = None) -> None: ...
     def abort_unfinished(self, prefix: str = "") -> list[str]: ...
+
+
+CHUNK_BYTES = 32 << 20  # one ranged GET of `chunks`: what reading an object whole holds in memory
+
+
+def chunks(store: Store, key: str, size: int) -> Iterator[bytes]:
+    """The object `key` of `size` bytes, in order, by ranged reads of CHUNK_BYTES (memory bounded by one chunk,
+    whatever the object's size)."""
+    for start in range(0, size, CHUNK_BYTES):
+        yield store.get(key, start, min(size, start + CHUNK_BYTES))
 
 
 def is_url(location: str | os.PathLike) -> bool:

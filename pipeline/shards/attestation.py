@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from pipeline.core import jsonfile
 from pipeline.core.cli import UsageError
 from pipeline.core.io import read_bounded, sha256_file, write_text_atomic
-from pipeline.core.storage import Store
+from pipeline.core.storage import Store, chunks
 from pipeline.shards import layout
 from pipeline.shards.verify_tree import escape_problem, through_symlink
 
@@ -192,11 +192,11 @@ def record(run_dir: Path | None, *, store: Store | None = None) -> dict[str, Any
             "claimed_keyids": sorted({str(s.get("keyid")) for s in env["signatures"] if isinstance(s, dict)})}
 
 
-def _object_sha256(store: Store, key: str, size: int, chunk: int = 32 << 20) -> str:
-    """sha256 of an object, read by ranges (memory bounded by `chunk` whatever its size)."""
+def _object_sha256(store: Store, key: str, size: int) -> str:
+    """sha256 of an object, read by ranges (`chunks`)."""
     h = hashlib.sha256()
-    for start in range(0, size, chunk):
-        h.update(store.get(key, start, min(size, start + chunk)))
+    for chunk in chunks(store, key, size):
+        h.update(chunk)
     return h.hexdigest()
 
 

@@ -10,22 +10,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, ContextManager, Iterator
 
-from pipeline.core.storage import Store
+from pipeline.core.storage import Store, chunks
 from pipeline.shards import layout
 from pipeline.shards.writer import ShardEntry
 
-CHUNK_BYTES = 32 << 20  # one ranged GET: what a download holds in memory
 _STATES = layout.SHARD_SUFFIXES["safetensors"]
 
 Fetch = Callable[[ShardEntry], ContextManager[None]]
 
 
 def download(store: Store, key: str, path: Path, size: int) -> None:
-    """The object `key` into the file `path`, by ranged reads of CHUNK_BYTES."""
+    """The object `key` into the file `path`, by ranged reads (`chunks`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
-        for start in range(0, size, CHUNK_BYTES):
-            f.write(store.get(key, start, min(size, start + CHUNK_BYTES)))
+        for chunk in chunks(store, key, size):
+            f.write(chunk)
 
 
 def _local(root: Path, key: str) -> Path | None:
