@@ -73,6 +73,7 @@ if [ -n "${PIPELINE_SETUP_DRY_RUN:-}" ]; then exit 0; fi  # PIPELINE_SETUP_DRY_R
 # installed only when it is missing and we are root (elsewhere that test skips and says why).
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+    apt=(apt-get -o DPkg::Lock::Timeout=600)  # another apt (a second setup, unattended upgrades): wait for it, not fail
+    "${apt[@]}" install -y -q chromium >/dev/null 2>&1 || { "${apt[@]}" update -q >/dev/null && "${apt[@]}" install -y -q chromium >/dev/null; }
 fi
 .venv/bin/python -m pipeline.factory
