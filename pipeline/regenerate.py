@@ -34,7 +34,7 @@ def regenerate(cfg: DictConfig) -> None:
     summary = run_regenerate(cfg)
     m = summary.manifest
     rate = m["generated_tokens"] / summary.generate_seconds if summary.generate_seconds else 0.0
-    print(f"regeneration directory: {summary.out_dir.resolve()}")
+    print(f"regeneration directory: {summary.where}")
     print(f"regenerated {m['num_conversations']} conversations of {m['num_records']} records: {m['num_turns']} turns, "
           f"{m['generated_tokens']} tokens generated ({m['prompt_tokens']} prompt tokens) in {len(m['parts'])} "
           f"part(s) ({summary.resumed_units} finished earlier); {rate:.1f} generated tok/s; {summary.seconds:.1f}s")

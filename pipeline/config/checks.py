@@ -4,6 +4,7 @@ value. Every job runs them through `pipeline.compare.preflight`."""
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pipeline.config.schema import DataConfig, ModelConfig
 from pipeline.core.cli import ConfigError
@@ -44,6 +45,13 @@ def check_points_named(values: list, field_name: str, info: ModelInfo) -> None:
     raise ConfigError(f"{field_name}=[]: no capture points are named for model.path={str(info.path)!r} (your own "
                       f"checkpoint inherits none): name them, e.g. model.points=[{example}] (boundary k = the residual "
                       f"stream after k of its {n} decoder layers, 0..{n}; embed = 0; final_norm = the LM head's input)")
+
+
+def check_endpoint(endpoint: str | None) -> None:
+    """s3_endpoint without credentials in it: it is recorded with the job's config."""
+    if endpoint and urlsplit(endpoint).username is not None:
+        raise ConfigError("s3_endpoint holds a user name or password: give credentials in AWS_ACCESS_KEY_ID and "
+                          "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), never in the endpoint")
 
 
 def check_data_path(data: DataConfig) -> None:

@@ -81,6 +81,10 @@ class RegenerateConfig:
     data: DataConfig = MISSING
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    out_dir: str = MISSING  # the regeneration directory (extract reads it as data.path)
+    out_dir: str = MISSING  # the regeneration directory (extract reads it as data.path), or s3://bucket/prefix
+    # out_dir or data.path on object storage: its endpoint (null: AWS_ENDPOINT_URL, else AWS's)
+    s3_endpoint: Optional[str] = None
+    # out_dir on object storage: where each unit is written before it is uploaded; data.path there: where it is copied
+    spool_dir: str = "~/.cache/pipeline/spool"
     overwrite: bool = False  # replace a finished regeneration (never done silently)
     wait_for_lock: bool = False  # another regenerate holds out_dir: wait for it to finish instead of exiting

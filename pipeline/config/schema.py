@@ -271,9 +271,10 @@ class ExtractConfig:
     # html are the diff job's (DiffJobConfig) and unused here.
     diff: DiffConfig = field(default_factory=DiffConfig)
     out_dir: str = MISSING  # the run directory (default runs/<date>-<time>), or s3://bucket/prefix
-    s3_endpoint: Optional[str] = None  # out_dir on object storage: its endpoint (null: AWS_ENDPOINT_URL, else AWS's)
+    # out_dir or data.path on object storage: its endpoint (null: AWS_ENDPOINT_URL, else AWS's)
+    s3_endpoint: Optional[str] = None
     # out_dir on object storage: where each unit is written before it is uploaded (a folder per out_dir, holding only
-    # the units in flight)
+    # the units in flight); data.path there: where it is copied to be read
     spool_dir: str = "~/.cache/pipeline/spool"
     overwrite: bool = False  # replace a finished run directory (never done silently)
     wait_for_lock: bool = False  # another extract holds out_dir: wait for it to finish instead of exiting

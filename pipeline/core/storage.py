@@ -77,6 +77,14 @@ def chunks(store: Store, key: str, size: int) -> Iterator[bytes]:
         yield store.get(key, start, min(size, start + CHUNK_BYTES))
 
 
+def download(store: Store, key: str, path: Path, size: int) -> None:
+    """The object `key` of `size` bytes into the file `path`, by ranged reads (`chunks`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        for chunk in chunks(store, key, size):
+            f.write(chunk)
+
+
 def is_url(location: str | os.PathLike) -> bool:
     """Whether `location` is a URL (`s3://...`, `gs://...`, or one a Path already read as `s3:/...`), not a path."""
     return bool(_MANGLED.match(str(location)))

@@ -26,7 +26,9 @@ from typing import Callable, Iterator, Sequence
 
 from pipeline.core import jsonfile
 from pipeline.core.lifecycle import DirKind, Plan, inspect, refusals
-from pipeline.core.outdir import json_text
+from pipeline.core.claim import ClaimLost
+from pipeline.core.cli import ConfigError
+from pipeline.core.outdir import json_text, unusable_dir
 from pipeline.core.storage import Exists, Store, StorageError
 from pipeline.core.storeclaim import StoreClaim, check_store_lease
 from pipeline.core.stores import open_store
@@ -45,6 +47,16 @@ def spool_for(root: str | Path, store: Store) -> Path:
     `root`."""
     where = f"{getattr(store, 'endpoint_url', None)} {store.url}"
     return Path(root).expanduser() / hashlib.sha256(where.encode()).hexdigest()[:16]
+
+
+def checked_spool(spool_root: str, url: str, endpoint: str | None) -> Path:
+    """The local folder a job writing to `url` stages its units in (an unsupported URL refused, naming it); refused
+    when it cannot be written."""
+    spool = spool_for(spool_root, opened(url, endpoint))
+    if (why := unusable_dir(spool)) is not None:
+        raise ConfigError(f"spool_dir={spool_root!r} (the local folder units are written in before they are "
+                          f"uploaded to {url}) {why}")
+    return spool
 
 
 def _record(store: Store, key: str, error: type[Exception]) -> object:
@@ -204,8 +216,21 @@ class StoreHeld:
             store.put(layout.start, json_text(self.record).encode())
 
     def finish(self, write: Callable[[], None]) -> None:
-        self.target.check_lease(then="stopped before finishing the run")
+        self.target.check_lease(then=f"stopped before finishing the {self.kind.noun}")
         write()
+
+    def complete(self, data: bytes) -> None:
+        """The completing file written create-only (after `finish` checked the lease), then the spool removed:
+        ClaimLost when another job wrote it meanwhile (that directory is left as it is)."""
+        try:
+            self.target.store().put(str(self.kind.layout.done), data, create=True)
+        except Exists:
+            raise self.taken() from None
+        shutil.rmtree(self.out, ignore_errors=True)
+
+    def taken(self) -> ClaimLost:
+        return ClaimLost(f"{self.url}/{self.kind.layout.done} was written by another job meanwhile; this one stops "
+                         f"without touching that {self.kind.noun}")
 
 
 @contextmanager

@@ -15,19 +15,21 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, ContextManager, Union
 
-import pyarrow.parquet as pq
 from omegaconf import DictConfig
 
 from pipeline import provenance
 from pipeline.config import ConfigError, RegenerateConfig, resolved_dict, to_config
-from pipeline.config.checks import check_data_path, resolve_model
-from pipeline.core import lifecycle
+from pipeline.config.checks import check_data_path, check_endpoint, resolve_model
+from pipeline.core import lifecycle, store_dir
+from pipeline.core.storage import SCHEME
+from pipeline.core.store_dir import checked_spool
 from pipeline.core.io import sha256_json
-from pipeline.core.outdir import write_json
+from pipeline.core.outdir import json_text, write_json
 from pipeline.data import regeneration as rd
 from pipeline.data.mask import turn_ids
+from pipeline.data.from_store import with_local_data
 from pipeline.data.prepare import NoValidRecords, write_rejects
 from pipeline.data.remote_code import RemoteCodeError, load_tokenizer
 from pipeline.engines.registry import check_name, check_options
@@ -42,6 +44,7 @@ from pipeline.run.progress import RunProgress
 from pipeline.shards.layout import check_out
 
 log = logging.getLogger(__name__)
+Held = Union[lifecycle.Held, store_dir.StoreHeld]
 
 
 DETERMINISM = ("greedy: the same ids on every resume and rerun on the same machine, engine and thread count; "
@@ -56,29 +59,41 @@ DETERMINISM = ("greedy: the same ids on every resume and rerun on the same machi
 
 @dataclass(frozen=True, kw_only=True)
 class RegenSummary:
-    out_dir: Path
+    out_dir: Path | str  # the regeneration directory, or its s3:// URL
     manifest: dict[str, Any]
     resumed_units: int
     seconds: float
     generate_seconds: float
 
+    @property
+    def where(self) -> str:
+        """The directory as a message names it: its URL, or its absolute path."""
+        return self.out_dir if isinstance(self.out_dir, str) else str(self.out_dir.resolve())
 
-def _check(cfg: RegenerateConfig) -> tuple[Path, ModelInfo, dict[str, Any], dict[str, str]]:
+
+def _check(cfg: RegenerateConfig) -> tuple[RegenerateConfig, Path, ModelInfo, dict[str, Any], dict[str, str]]:
+    """The config checked against the world (data.path on object storage read from its local copy from here on)."""
     try:
         check_name(cfg.engine.name)
         check_options(cfg.engine, "engine")
         sampling, origin = cfg.sampling.resolved(dict(cfg.model.sampling))
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    check_endpoint(cfg.s3_endpoint)
+    named = cfg.data.path
+    cfg = with_local_data(cfg)
     # A regeneration directory itself is this job's to resume or (overwrite=true) replace: the lifecycle decides.
-    out = check_out(Path(cfg.out_dir), f"out_dir={cfg.out_dir!r}", ConfigError,
-                    itself=not rd.is_regeneration(Path(cfg.out_dir)))
+    if SCHEME.match(cfg.out_dir):  # its prefix is checked where it is claimed (pipeline.core.store_dir)
+        out = checked_spool(cfg.spool_dir, cfg.out_dir, cfg.s3_endpoint)
+    else:
+        out = check_out(Path(cfg.out_dir), f"out_dir={cfg.out_dir!r}", ConfigError,
+                        itself=not rd.is_regeneration(Path(cfg.out_dir)))
     if rd.is_regeneration(Path(cfg.data.path)):
-        raise ConfigError(f"data.path={cfg.data.path!r} is a regeneration directory: its answers are already the "
+        raise ConfigError(f"data.path={named!r} is a regeneration directory: its answers are already the "
                           f"target's; extract it (python -m pipeline.extract data.path=...), or regenerate from the "
                           f"prompt file it was made from")
     check_data_path(cfg.data)
-    return out, resolve_model(cfg.model), sampling, origin
+    return cfg, out, resolve_model(cfg.model), sampling, origin
 
 
 def _start_record(config: dict[str, Any], prompts: Prompts, digests: dict[str, Any]) -> dict[str, Any]:
@@ -89,24 +104,18 @@ def _start_record(config: dict[str, Any], prompts: Prompts, digests: dict[str, A
             "remote_code": digests["remote_code"], "code": provenance.code_version()}
 
 
-def _applied_summary(results: list[RegenResult], root: Path) -> list[dict[str, Any]]:
-    """The distinct sampling values the engine applied (per request: seed and token budget aside), with counts."""
+def _applied_summary(results: list[RegenResult]) -> list[dict[str, Any]]:
+    """The distinct sampling values the engine applied (per request: seed and token budget aside), with counts: each
+    part's (its marker's `applied`), most frequent first."""
     seen: Counter[str] = Counter()
     for result in results:
-        for rel in result.files:
-            if rel.endswith(".parquet") and not rel.endswith(".rejects.parquet"):
-                for turns in pq.read_table(root / rel, columns=["turns"]).column("turns").to_pylist():
-                    for turn in turns:
-                        applied = json.loads(turn["applied"])
-                        for key in ("seed", "max_tokens", "max_new_tokens"):
-                            applied.pop(key, None)
-                        seen[json.dumps(applied, sort_keys=True)] += 1
+        seen.update(result.counts.get("applied") or {})
     return [{"values": json.loads(k), "turns": n} for k, n in seen.most_common()]
 
 
 def _manifest(cfg: RegenerateConfig, config: dict[str, Any], model: ModelInfo, digests: dict[str, Any],
               engine: dict[str, Any], prompts: Prompts, results: list[RegenResult], sampling: dict[str, Any],
-              origin: dict[str, str], stop: dict[str, Any], root: Path) -> dict[str, Any]:
+              origin: dict[str, str], stop: dict[str, Any]) -> dict[str, Any]:
     counts: Counter[str] = Counter()
     ends: Counter[str] = Counter()
     for r in results:
@@ -130,7 +139,7 @@ def _manifest(cfg: RegenerateConfig, config: dict[str, Any], model: ModelInfo, d
         "sampling": {"values": sampling, "from": origin, "seed": cfg.sampling.seed, "n": cfg.sampling.n,
                      "stop_token_ids": stop, "truncated": str(cfg.sampling.truncated),
                      "seeds": "per conversation: sha256(sampling.seed:conversation_id); per turn: + the turn index",
-                     "applied": _applied_summary(results, root), "determinism": DETERMINISM},
+                     "applied": _applied_summary(results), "determinism": DETERMINISM},
         "config": config,
     }
     stable = {k: v for k, v in prov.items() if k != "created_utc"}
@@ -154,7 +163,7 @@ def _manifest(cfg: RegenerateConfig, config: dict[str, Any], model: ModelInfo, d
 def run_regenerate(dcfg: DictConfig) -> RegenSummary:
     started = time.perf_counter()
     cfg = to_config(dcfg, RegenerateConfig)
-    out, model, sampling, origin = _check(cfg)  # every config error surfaces here, before any model loads
+    cfg, out, model, sampling, origin = _check(cfg)  # every config error surfaces here, before any model loads
     config = resolved_dict(dcfg)
     try:
         tokenizer = load_tokenizer(model.path, cfg.model.trust_remote_code)
@@ -168,7 +177,7 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
         prompts = read_prompts(cfg.data.path, tokenizer, max_length=cfg.data.max_length, limit=cfg.data.limit,
                                n=cfg.sampling.n, seed=cfg.sampling.seed)
     except (ValueError, UnicodeDecodeError) as e:
-        raise ConfigError(f"data.path={cfg.data.path!r}: {e}" if "model.path" not in str(e) else str(e)) from e
+        raise ConfigError(f"data.path={dcfg.data.path!r}: {e}" if "model.path" not in str(e) else str(e)) from e
     log.info("%d conversations to regenerate from %d records of %s; %d rejected", len(prompts.conversations),
              prompts.num_records, prompts.source, len(prompts.rejects))
     digests = provenance.model_digests(model, getattr(tokenizer, "chat_template", None), cfg.model.trust_remote_code)
@@ -176,9 +185,9 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
     executor = executor_for(cfg.runner, cfg.engine, model_path=str(model.path), points=[],
                             num_layers=model.num_layers, trust_remote_code=cfg.model.trust_remote_code, task="generate")
     executor.expect(longest=cfg.data.max_length)  # prompt and answer together
-    with lifecycle.held(out, record, kind=rd.REGEN_DIR, wait=cfg.wait_for_lock, overwrite=cfg.overwrite) as held:
+    with _held(cfg, out, record) as held:
         if not prompts.conversations:
-            raise _nothing_to_regenerate(cfg, prompts)
+            raise _nothing_to_regenerate(dcfg, prompts)
         with executor:
             engine = _engine_record(executor)
             held.prepare()
@@ -186,30 +195,49 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
             units = _units(prompts, cfg.runner.max_samples_per_shard)
             stage = RegenPlan(model_path=str(model.path), trust_remote_code=cfg.model.trust_remote_code,
                               sampling=sampling, stop_ids=stop_ids, max_length=cfg.data.max_length,
-                              keep_truncated=cfg.sampling.truncated == "keep", lease_token=held.token)
+                              keep_truncated=cfg.sampling.truncated == "keep", lease_token=held.token,
+                              target=held.target)
             generate_started = time.perf_counter()
             results = executor.run(stage, out, units, progress=RunProgress(units, "regenerate", produced=True))
             generate_seconds = time.perf_counter() - generate_started
-        manifest = _manifest(cfg, config, model, digests, engine, prompts, results, sampling, origin, stop, out)
+        manifest = _manifest(cfg, config, model, digests, engine, prompts, results, sampling, origin, stop)
         if not manifest["num_conversations"]:  # never finished: extract would refuse it
-            raise _nothing_to_regenerate(cfg, prompts, manifest)
-        held.finish(lambda: write_json(out / rd.MANIFEST, manifest))
-    return RegenSummary(out_dir=out, manifest=manifest, resumed_units=sum(r.skipped for r in results),
+            raise _nothing_to_regenerate(dcfg, prompts, manifest)
+        held.finish(lambda: _finish(held, manifest))
+    return RegenSummary(out_dir=cfg.out_dir if held.target is not None else out, manifest=manifest, resumed_units=sum(r.skipped for r in results),
                         seconds=time.perf_counter() - started, generate_seconds=generate_seconds)
+
+
+def _held(cfg: RegenerateConfig, out: Path, record: dict[str, Any]) -> ContextManager[Held]:
+    """The regeneration directory claimed for this job: on disk, or on object storage through its local spool."""
+    if not SCHEME.match(cfg.out_dir):
+        return lifecycle.held(out, record, kind=rd.REGEN_DIR, wait=cfg.wait_for_lock, overwrite=cfg.overwrite)
+    return store_dir.held(cfg.out_dir, record, kind=rd.REGEN_DIR, spool_root=cfg.spool_dir, wait=cfg.wait_for_lock,
+                          overwrite=cfg.overwrite, endpoint=cfg.s3_endpoint)
+
+
+def _finish(held: Held, manifest: dict[str, Any]) -> None:
+    """The manifest, written last: on object storage after the records that could not be regenerated, create-only."""
+    if held.target is None:
+        write_json(held.out / rd.MANIFEST, manifest)
+        return
+    held.target.put_file(held.out, rd.REJECTS)
+    held.complete(json_text(manifest).encode())
 
 
 def _units(prompts: Prompts, size: int) -> list[list[Conversation]]:
     return [prompts.conversations[i:i + size] for i in range(0, len(prompts.conversations), size)]
 
 
-def _nothing_to_regenerate(cfg: RegenerateConfig, prompts: Prompts, manifest: dict | None = None) -> NoValidRecords:
+def _nothing_to_regenerate(cfg: DictConfig, prompts: Prompts, manifest: dict | None = None) -> NoValidRecords:
     """No record read could be regenerated (manifest None: before any engine started), or none gave a conversation
     (the parts' rejects say why; the directory stays unfinished)."""
     rejects = (manifest or {}).get("rejects") or {"total": len(prompts.rejects),
                                                    "by_reason": Counter(r.reason for r in prompts.rejects)}
     reasons = ", ".join(f"{k}: {v}" for k, v in Counter(rejects["by_reason"]).most_common())
     where = "nothing was written" if manifest is None else \
-        f"their reasons are in {Path(cfg.out_dir) / rd.RECORDS_DIR}/*.rejects.parquet; the directory is not finished"
+        f"their reasons are in {str(cfg.out_dir).rstrip('/')}/{rd.RECORDS_DIR}/*.rejects.parquet; the directory is " \
+        f"not finished"
     return NoValidRecords(f"no record of {cfg.data.path} can be regenerated: {rejects['total']} rejected "
                           f"({reasons or 'the file holds no record'}); {where}")
 

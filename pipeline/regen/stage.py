@@ -25,6 +25,7 @@ from pipeline.core.contracts import GenerationRequest, Reject
 from pipeline.core.io import atomic_path
 from pipeline.core.lifecycle import check_lease
 from pipeline.core.outdir import file_records, remove_temps_of, unit_done, write_marker
+from pipeline.core.store_dir import StoreTarget
 from pipeline.data import regeneration as rd
 from pipeline.data.mask import encode_chat, turn_ids
 from pipeline.data.prepare import read_rejects, write_rejects
@@ -65,6 +66,8 @@ class RegenPlan:
     keep_truncated: bool
     lease_token: str | None = None
     overlap_writes: bool = False
+    # A regeneration on object storage: where each part is published once written (then in its local spool)
+    target: StoreTarget | None = None
 
     def stage(self, engine: Engine) -> "RegenStage":
         return RegenStage(engine=engine, plan=self)
@@ -73,12 +76,32 @@ class RegenPlan:
         return None  # each turn's applied sampling values are recorded with it
 
     def finished(self, run_dir: Path, index: int) -> RegenResult | None:
-        paths = rd.part_paths(run_dir, index)
-        marker = unit_done(run_dir, paths["marker"])
-        if marker is None:
+        """A part finished by an earlier invocation: on disk its marker, sizes and sha256 check out; on a store its
+        marker object and its files' sizes (their bytes were verified as they were uploaded)."""
+        paths = rd.part_paths(self.root(run_dir), index)
+        if self.target is None:
+            marker = unit_done(run_dir, paths["marker"])
+            rejects = read_rejects(paths["rejects"]) if marker is not None else []
+        else:
+            spool = self.root(run_dir)
+            marker = self.target.finished(_rel(spool, paths["marker"]))
+            fetched = marker is not None and self.target.fetch(_rel(spool, paths["rejects"]), paths["rejects"])
+            rejects = read_rejects(paths["rejects"]) if fetched else []
+            paths["rejects"].unlink(missing_ok=True)
+        if marker is None or not isinstance(marker.get("files"), dict):
             return None
-        return RegenResult(index=index, rejects=read_rejects(paths["rejects"]), counts=marker.get("counts") or {},
-                           files=marker["files"], skipped=True)
+        return RegenResult(index=index, rejects=rejects, counts=marker.get("counts") or {}, files=marker["files"],
+                           skipped=True)
+
+    def root(self, run_dir: Path) -> Path:
+        """Where a part is written: the directory, or for one on object storage this node's spool."""
+        return run_dir if self.target is None else self.target.spool()
+
+    def check_lease(self, run_dir: Path) -> None:
+        if self.target is None:
+            check_lease(run_dir, self.lease_token, rd.REGEN_DIR)
+        else:
+            self.target.check_lease()
 
 
 @dataclass(kw_only=True)
@@ -142,6 +165,7 @@ class RegenStage:
 
     def write(self, run_dir: Path, index: int, conversations: Sequence[Conversation],
               states: Sequence[State]) -> RegenResult:
+        run_dir = self.plan.root(run_dir)
         paths = rd.part_paths(run_dir, index)
         remove_temps_of(paths.values())
         rows, rejects = [], []
@@ -156,7 +180,7 @@ class RegenStage:
                          "turns": [t.row() for t in state.turns], "end_reason": state.end_reason,
                          "end_detail": state.end_detail})
         counts = _counts(states)
-        check_lease(run_dir, self.plan.lease_token, rd.REGEN_DIR)
+        self.plan.check_lease(run_dir)
         paths["parquet"].parent.mkdir(parents=True, exist_ok=True)
         if rejects:
             write_rejects(paths["rejects"], rejects)
@@ -166,13 +190,25 @@ class RegenStage:
             pq.write_table(pa.Table.from_pylist(rows, schema=rd.SCHEMA), tmp)
         written = [paths["parquet"]] + ([paths["rejects"]] if rejects else [])
         files = file_records(run_dir, written)
-        check_lease(run_dir, self.plan.lease_token, rd.REGEN_DIR)
+        self.plan.check_lease(run_dir)
         write_marker(paths["marker"], {"index": index, "files": files, "counts": counts})
         return RegenResult(index=index, rejects=rejects, counts=counts, files=files)
 
     def publish(self, run_dir: Path, result: RegenResult) -> RegenResult:
-        """A regeneration directory is on disk: a part is in place once written."""
+        """A part written in the spool, published to the regeneration's store: its files, then its marker (on disk a
+        part is in place once written)."""
+        target = self.plan.target
+        if target is None:
+            return result
+        spool = target.spool()
+        paths = rd.part_paths(spool, result.index)
+        rejected = _rel(spool, paths["rejects"])
+        target.publish(spool, list(result.files), _rel(spool, paths["marker"]), gone=[] if result.rejects else [rejected])
         return result
+
+
+def _rel(root: Path, path: Path) -> str:
+    return path.relative_to(root).as_posix()
 
 
 def _progress_every() -> float:
@@ -203,4 +239,17 @@ def _counts(states: Sequence[State]) -> dict[str, Any]:
             "generated_tokens": sum(len(t.output_ids) for t in turns),
             "truncated_turns": sum(t.finish_reason == "length" for t in turns),
             "truncated": sum(s.end_reason == "truncated" for s in states),
-            "end_reasons": dict(Counter(s.end_reason for s in states if s.end_reason))}
+            "end_reasons": dict(Counter(s.end_reason for s in states if s.end_reason)),
+            "applied": dict(_applied(turns))}
+
+
+def _applied(turns: Sequence[Any]) -> Counter[str]:
+    """The distinct sampling values the engine applied to `turns` (per request: seed and token budget aside), each
+    as sorted JSON, with its count in first-seen order."""
+    seen: Counter[str] = Counter()
+    for turn in turns:
+        applied = json.loads(json.dumps(turn.applied, sort_keys=True, default=str))  # as the part stores it
+        for key in ("seed", "max_tokens", "max_new_tokens"):
+            applied.pop(key, None)
+        seen[json.dumps(applied, sort_keys=True)] += 1
+    return seen

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -23,8 +22,6 @@ from pipeline.run.gate import DiffGate, GateOutcome
 from pipeline.run.plan import RunPlan, check_space, make_plan
 from pipeline.run.resolve import ResolvedRun, resolve_run
 from pipeline.core import lifecycle, store_dir
-from pipeline.core.claim import ClaimLost
-from pipeline.core.storage import Exists
 from pipeline.shards import attestation
 from pipeline.shards.directory import RUN_DIR
 from pipeline.shards.layout import (ATTESTATION_NAME, FORMAT_VERSION, MANIFEST_NAME, PREPARE_REJECTS, REJECTS_DIR, RUN,
@@ -77,9 +74,9 @@ def _prepare(run: ResolvedRun) -> tuple[PreparedData, str | None]:
         prepared = load_samples(run.data_path, tokenizer, data, limit=data.limit, vocab_size=run.model.vocab_size,
                                 error=ConfigError)
     except (ValueError, UnicodeDecodeError) as e:  # a file that is not what its format says (e.g. malformed JSON)
-        raise ConfigError(f"data.path={str(run.data_path)!r}: {e}") from e
+        raise ConfigError(f"data.path={run.data_name!r}: {e}") from e
     log.info("prepared %d samples (%d tokens) from %s; %d rejected%s", len(prepared.samples),
-             sum(s.num_tokens for s in prepared.samples), run.data_path, len(prepared.rejects),
+             sum(s.num_tokens for s in prepared.samples), run.data_name, len(prepared.rejects),
              f" ({count_text(Counter(r.reason for r in prepared.rejects))})" if prepared.rejects else "")
     return prepared, getattr(tokenizer, "chat_template", None)
 
@@ -131,7 +128,7 @@ def _no_valid_records(run: ResolvedRun, prepared: PreparedData, plan: lifecycle.
         write_rejects(run.out_dir / PREPARE_REJECTS, prepared.rejects)
         where = f"their reasons are in {run.out_dir / PREPARE_REJECTS}"
     reasons = count_text(Counter(r.reason for r in prepared.rejects))
-    return NoValidRecords(f"no valid records in {run.data_path}: {len(prepared.rejects)} rejected "
+    return NoValidRecords(f"no valid records in {run.data_name}: {len(prepared.rejects)} rejected "
                           f"({reasons or 'the file holds no record'}); {where}")
 
 
@@ -169,16 +166,10 @@ def _finish(run: ResolvedRun, held: Held, manifest: dict[str, Any]) -> None:
         if entry.what == "file" and entry.folder not in (SHARDS_DIR, REJECTS_DIR):
             held.target.put_file(held.out, entry.rel)
     store = held.target.store()
-    taken = ClaimLost(f"{held.url}/{MANIFEST_NAME} was written by another job meanwhile; this one stops without "
-                      "touching that run")
-    if store.head(MANIFEST_NAME) is not None:
-        raise taken
+    if store.head(MANIFEST_NAME) is not None:  # before the attestation: never written over a finished run's
+        raise held.taken()
     attestation.write(held.out, manifest, text, key=run.sign_key, store=store)
-    try:
-        store.put(MANIFEST_NAME, text.encode(), create=True)
-    except Exists:
-        raise taken from None
-    shutil.rmtree(held.out, ignore_errors=True)
+    held.complete(text.encode())
 
 
 def run_extract(dcfg: DictConfig) -> RunSummary | RunPlan:

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from pipeline.compare.preflight import Lineup, preflight
+from pipeline.compare.preflight import Lineup, check_engines, preflight
 from pipeline.config import ConfigError, ExtractConfig
-from pipeline.config.checks import check_points_named
-from pipeline.core.outdir import unusable_dir
+from pipeline.config.checks import check_endpoint, check_points_named
 from pipeline.core.storage import SCHEME
-from pipeline.core.store_dir import opened, spool_for
+from pipeline.core.store_dir import checked_spool
+from pipeline.data.from_store import with_local_data
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point, PointError, resolve
 from pipeline.shards.attestation import AttestationKeyError, load_signing_key
@@ -27,10 +26,16 @@ class ResolvedRun:
     cfg: ExtractConfig
     model: ModelInfo
     points: list[Point]
-    data_path: Path
+    data_path: Path  # the data file or regeneration read (for data on object storage, its local copy)
+    data_url: str | None = None  # data.path on object storage (s3://...); None: data_path is data.path
     out_dir: Path  # where the job writes: the run directory, or for a run on object storage its local spool
     out_url: str | None = None  # the run on object storage (s3://bucket/prefix); None: out_dir is the run
     sign_key: Ed25519PrivateKey | None = None  # sign_key, loaded: it signs the run's attestation
+
+    @property
+    def data_name(self) -> str:
+        """data.path as the user gave it, for messages."""
+        return self.data_url or str(self.data_path)
 
 
 def _sign_key(path: str | None) -> Ed25519PrivateKey | None:
@@ -46,6 +51,10 @@ def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
     lineup = Lineup(primary=cfg.engine, reference=cfg.diff.reference, others=cfg.gate.engines,
                     where="gate.engines")
     sign_key = _sign_key(cfg.sign_key)  # before anything else reads the world: a bad key is found at once
+    check_engines(lineup)  # a misspelled engine option is refused before data is copied from object storage
+    check_endpoint(cfg.s3_endpoint)
+    data_url = cfg.data.path if SCHEME.match(cfg.data.path) else None
+    cfg = with_local_data(cfg)  # data.path on object storage: read from its local copy from here on
     checked = preflight(model=cfg.model, data=cfg.data, out_dir=cfg.out_dir, lineup=lineup, run=True,
                         overwrite=cfg.overwrite)
     model = checked.model
@@ -56,18 +65,6 @@ def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
     except PointError as e:
         raise ConfigError(f"capture.points={list(cfg.capture.points)!r} ({cfg.capture.convention} ids): {e}") from e
     url = cfg.out_dir if SCHEME.match(cfg.out_dir) else None
-    out_dir = checked.out_dir if url is None else _spool(cfg, url)
-    return ResolvedRun(cfg=cfg, model=model, points=points, data_path=Path(cfg.data.path), out_dir=out_dir,
-                       out_url=url, sign_key=sign_key)
-
-
-def _spool(cfg: ExtractConfig, url: str) -> Path:
-    """The local folder a run on object storage stages its units in; refused when it cannot be written."""
-    if cfg.s3_endpoint and urlsplit(cfg.s3_endpoint).username is not None:  # it is recorded with the run's config
-        raise ConfigError("s3_endpoint holds a user name or password: give credentials in AWS_ACCESS_KEY_ID and "
-                          "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), never in the endpoint")
-    spool = spool_for(cfg.spool_dir, opened(url, cfg.s3_endpoint))  # an unsupported URL is refused here
-    if (why := unusable_dir(spool)) is not None:
-        raise ConfigError(f"spool_dir={cfg.spool_dir!r} (the local folder units are written in before they are "
-                          f"uploaded to {url}) {why}")
-    return spool
+    out_dir = checked.out_dir if url is None else checked_spool(cfg.spool_dir, url, cfg.s3_endpoint)
+    return ResolvedRun(cfg=cfg, model=model, points=points, data_path=Path(cfg.data.path), data_url=data_url,
+                       out_dir=out_dir, out_url=url, sign_key=sign_key)

@@ -10,21 +10,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, ContextManager, Iterator
 
-from pipeline.core.storage import Store, chunks
+from pipeline.core.storage import Store, download
 from pipeline.shards import layout
 from pipeline.shards.writer import ShardEntry
 
 _STATES = layout.SHARD_SUFFIXES["safetensors"]
 
 Fetch = Callable[[ShardEntry], ContextManager[None]]
-
-
-def download(store: Store, key: str, path: Path, size: int) -> None:
-    """The object `key` into the file `path`, by ranged reads (`chunks`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        for chunk in chunks(store, key, size):
-            f.write(chunk)
 
 
 def _local(root: Path, key: str) -> Path | None:

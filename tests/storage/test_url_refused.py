@@ -1,8 +1,9 @@
 """A URL where a command takes a local path is refused in one line naming it, exit 2, nothing written: before, extract
 with `out_dir=s3://runs/r1` wrote the local directory `./s3:/runs/r1` and exited 0, and verify reported its problems
 "in s3:/runs/r1". (extract's out_dir and verify take `s3://` now: tests/storage/test_extract_to_s3.py; export's RUN and doctor's
---run: tests/exports/test_export_from_s3.py; a URL a path already swallowed, `s3:/runs/r1`, and a scheme other than
-s3 are still refused.)"""
+--run: tests/exports/test_export_from_s3.py; regenerate's out_dir and extract's data.path:
+tests/storage/test_regenerate_to_s3.py; a URL a path already swallowed, `s3:/runs/r1`, and a scheme other than s3 are
+still refused.)"""
 from __future__ import annotations
 
 import subprocess
@@ -13,8 +14,7 @@ import pytest
 URL = "s3://runs/r1"
 COMMANDS = {
     "extract out_dir": ["pipeline.extract", "out_dir=s3:/runs/r1"],
-    "extract data.path": ["pipeline.extract", f"data.path={URL}/data.jsonl", "out_dir=run"],
-    "regenerate out_dir": ["pipeline.regenerate", f"out_dir={URL}"],
+    "diff data.path": ["pipeline.diff", f"data.path={URL}/data.jsonl", "out_dir=report"],
     "verify": ["pipeline.verify", "s3:/runs/r1"],
     "export --out": ["pipeline.export", "run", "--format", "speculators", "--out", URL],
     "accept --export": ["pipeline.accept", "--draft", "draft", "--serve", "vllm", "--export", URL, "--prompts",
@@ -33,7 +33,7 @@ def test_a_url_is_refused_not_read_as_a_relative_path(case, tmp_path):
     assert len(lines) == 1 and ("'s3://runs/r1" in lines[0] or "'s3:/runs/r1" in lines[0]), said[-2000:]
     assert "Traceback" not in said
     assert not (tmp_path / "s3:").exists()
-    assert not (tmp_path / "run").exists() and not (tmp_path / "export").exists()
+    assert not [name for name in ("run", "export", "report") if (tmp_path / name).exists()]
 
 
 @pytest.mark.parametrize("module", ["pipeline.extract", "pipeline.verify"])
