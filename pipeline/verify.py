@@ -1,6 +1,6 @@
-"""`python -m pipeline.verify RUN_DIR [--key PUB]`: check a finished run directory (or a run on object storage,
-`s3://bucket/prefix`) before training on it, or a finished regeneration directory (pipeline.regenerate's) before
-extracting it (pipeline/data/regeneration/verify.py).
+"""`python -m pipeline.verify RUN_DIR [--key PUB]`: check a finished run directory before training on it, or a finished
+regeneration directory (pipeline.regenerate's) before extracting it (pipeline/data/regeneration/verify.py); either
+may be on object storage (`s3://bucket/prefix`).
 
 With --key (the signer's Ed25519 public key, PEM), the run's attestation must carry a signature by that key and every
 file must be what it attests: what is proven with and without a key is docs/explanation/what-verify-proves.md.
@@ -20,12 +20,14 @@ from pipeline.core.storage import location_arg, path_arg
 
 interrupts_from_here(__name__, "verify")  # before the imports below (seconds): Ctrl-C there is one line too
 
-from pipeline.data.regeneration import is_regeneration  # noqa: E402
+from pipeline.core.stores import open_store  # noqa: E402
+from pipeline.data.regeneration import LAYOUT, MANIFEST, START_FILE, is_regeneration  # noqa: E402
 from pipeline.data.regeneration import read_manifest as read_regen_manifest  # noqa: E402
 from pipeline.shards import attestation  # noqa: E402
 from pipeline.shards.manifest import read_manifest  # noqa: E402
 from pipeline.shards.verify import verify_run  # noqa: E402
 from pipeline.shards.run_at import RunAt  # noqa: E402
+from pipeline.shards.staged import staged  # noqa: E402
 from pipeline.data.regeneration.verify import summary, verify_regeneration  # noqa: E402
 
 
@@ -45,8 +47,8 @@ def parser() -> argparse.ArgumentParser:
     """The command's arguments (the docs' command reference is generated from it)."""
     parser = argparse.ArgumentParser(prog="python -m pipeline.verify", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=location_arg,
-                        help="a run directory holding manifest.json and shards/, or a run on object storage "
-                             "(s3://bucket/prefix)")
+                        help="a run directory holding manifest.json and shards/, a regeneration directory, or either "
+                             "on object storage (s3://bucket/prefix)")
     parser.add_argument("--key", type=path_arg, default=None, metavar="PUB",
                         help="the Ed25519 public key (PEM) whose private half signed the run (extract's sign_key)")
     parser.add_argument("--scratch", type=path_arg, default=None, metavar="DIR",
@@ -60,9 +62,7 @@ def verify(argv: Sequence[str] | None) -> ExitCode:
     if isinstance(args.run_dir, str):
         return _verify_on_store(args.run_dir, args.key, args.scratch)
     if is_regeneration(args.run_dir):
-        if args.key is not None:  # nothing a key could check: "sound" would claim a proof that was never made
-            raise UsageError(f"--key {args.key}: {args.run_dir} is a regeneration directory, which carries no "
-                             "signature (only a run's attestation is signed); verify it without --key")
+        _no_key(args.key, args.run_dir)
         return _verify_regeneration(args.run_dir)
     key = None if args.key is None else attestation.load_public_key(args.key)  # AttestationKeyError: exit 2
     manifest = read_manifest(args.run_dir)  # ManifestError: not a finished run
@@ -77,7 +77,16 @@ def verify(argv: Sequence[str] | None) -> ExitCode:
 
 
 def _verify_on_store(url: str, key_path: Path | None, scratch: Path | None) -> ExitCode:
-    """A run on object storage, read through a staged copy (pipeline.shards.staged): every byte read, as on disk."""
+    """A run or a regeneration on object storage, read through a staged copy (pipeline.shards.staged): every byte
+    read, as on disk."""
+    store = open_store(url)
+    if store.head(START_FILE) is not None:
+        _no_key(key_path, url)
+        if store.head(MANIFEST) is None:
+            raise UsageError(f"{url} is an unfinished regeneration (no {MANIFEST}): rerun the same "
+                             f"pipeline.regenerate command to finish it")
+        with staged(store, scratch, kind=LAYOUT) as (root, _):
+            return _verify_regeneration(root, name=url)
     key = None if key_path is None else attestation.load_public_key(key_path)
     run = RunAt(url)
     manifest = run.manifest()  # ManifestError: not a finished run
@@ -91,15 +100,22 @@ def _verify_on_store(url: str, key_path: Path | None, scratch: Path | None) -> E
     return ExitCode.OK
 
 
-def _verify_regeneration(root: Path) -> ExitCode:
+def _no_key(key: Path | None, where: Path | str) -> None:
+    if key is not None:  # nothing a key could check: "sound" would claim a proof that was never made
+        raise UsageError(f"--key {key}: {where} is a regeneration directory, which carries no signature (only a "
+                         "run's attestation is signed); verify it without --key")
+
+
+def _verify_regeneration(root: Path, name: str | None = None) -> ExitCode:
+    """`name`: how messages name the directory (a regeneration on object storage: its URL, `root` its staged copy)."""
     read_regen_manifest(root, UsageError)  # unfinished, or a field of the wrong type: exit 2 naming it, as a run's
     problems = verify_regeneration(root)
     if problems:
         for problem in problems:
             print(problem, file=sys.stderr)
-        print(f"{len(problems)} problem(s) in {root}", file=sys.stderr)
+        print(f"{len(problems)} problem(s) in {name or root}", file=sys.stderr)
         return ExitCode.REFUSED
-    print(summary(root))
+    print(summary(root, name=name))
     return ExitCode.OK
 
 

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, ContextManager, Iterator
 
+from pipeline.core.outdir import Layout
 from pipeline.core.storage import Store, download
 from pipeline.shards import layout
 from pipeline.shards.writer import ShardEntry
@@ -35,10 +36,12 @@ def _placeholder(path: Path, size: int) -> None:
 
 
 @contextmanager
-def staged(store: Store, scratch: str | Path | None = None) -> Iterator[tuple[Path, Fetch]]:
-    """(the staged run directory, `fetch`): `with fetch(entry):` has the entry's states in place for that block."""
+def staged(store: Store, scratch: str | Path | None = None,
+           kind: Layout = layout.RUN) -> Iterator[tuple[Path, Fetch]]:
+    """(the staged directory, `fetch`): `with fetch(entry):` has a run's shard's states in place for that block.
+    `kind`: the layout whose files are copied (another's, a regeneration's, has no states)."""
     listing = {o.key: o for o in store.list()}
-    foreign = set(layout.RUN.foreign_keys(listing))
+    foreign = set(kind.foreign_keys(listing))
     with tempfile.TemporaryDirectory(prefix="staged-run-", dir=scratch) as tmp:
         root = Path(tmp) / "run"
         root.mkdir()

@@ -75,6 +75,8 @@ def test_a_regeneration_on_s3_is_the_local_ones_bytes_and_extract_reads_it(local
     same_regeneration(s3_url, local_regen)
     assert open_store(s3_url).unfinished() == []
     assert list((tmp_path / "spool").iterdir()) == [], "the spool keeps nothing of a finished regeneration"
+    checked = verify(s3_url, s3_env)
+    assert checked.returncode == 0 and checked.stdout.startswith(f"sound: {s3_url}: regeneration"), output(checked)
     again = regenerate(s3_url, tmp_path, s3_env)
     assert again.returncode == 2 and "holds a finished regeneration" in output(again), output(again)[-2000:]
 
@@ -88,15 +90,46 @@ def test_a_regeneration_on_s3_is_the_local_ones_bytes_and_extract_reads_it(local
 def test_a_regeneration_copied_to_a_bucket_is_read_as_the_one_on_disk(local_regen, s3_env, s3_url, tmp_path):
     """The same regeneration (a local one uploaded as `aws s3 cp --recursive` would) gives the same samples, ids and
     states from the bucket as from the disk."""
-    store = open_store(s3_url)
-    for path in sorted(p for p in local_regen.rglob("*") if p.is_file() and p.name != ".lock"):
-        store.put(path.relative_to(local_regen).as_posix(), path.read_bytes())
+    upload(local_regen, s3_url)
     named = tmp_path / s3_url.rsplit("/", 1)[1]  # a run names its data source by the last component of data.path
     shutil.copytree(local_regen, named)
     from_disk = extract(named, tmp_path / "from-disk", s3_env)
     from_bucket = extract(s3_url, tmp_path / "from-bucket", s3_env)
     assert from_disk.returncode == 0 and from_bucket.returncode == 0, output(from_bucket)[-3000:]
     same_shards(tmp_path / "from-disk", tmp_path / "from-bucket")
+
+
+def test_verify_reads_every_byte_of_a_regeneration_in_a_bucket(local_regen, s3_env, s3_url, tmp_path):
+    store = upload(local_regen, s3_url)
+    done = verify(s3_url, s3_env)
+    assert done.returncode == 0 and done.stdout.startswith(f"sound: {s3_url}: regeneration of 4 records"), \
+        output(done)
+    keyed = verify(s3_url, s3_env, "--key", str(tmp_path / "k.pem"))
+    assert keyed.returncode == 2 and "is a regeneration directory, which carries no signature" in keyed.stderr
+    part = store.get("records/part-00001.parquet")
+    store.put("records/part-00001.parquet", part[:-9] + bytes(9))  # the same size, other bytes
+    store.put("records/notes.txt", b"a user's object")
+    done = verify(s3_url, s3_env)
+    assert done.returncode == 3, output(done)
+    assert "records/part-00001.parquet: sha256 differs from the manifest's" in done.stderr
+    assert "records/notes.txt: not a file a regeneration writes" in done.stderr
+    assert done.stderr.splitlines()[-1].endswith(f"problem(s) in {s3_url}"), done.stderr
+    store.delete("manifest.json")
+    done = verify(s3_url, s3_env)
+    assert done.returncode == 2 and f"{s3_url} is an unfinished regeneration" in done.stderr, output(done)
+
+
+def upload(local: Path, url: str):
+    """`local` copied into the bucket object by object, as `aws s3 cp --recursive` would (its lease left out)."""
+    store = open_store(url)
+    for path in sorted(p for p in local.rglob("*") if p.is_file() and p.name != ".lock"):
+        store.put(path.relative_to(local).as_posix(), path.read_bytes())
+    return store
+
+
+def verify(url: str, server, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.verify", url, *args], cwd=REPO,
+                          env=env_with(**server.env), capture_output=True, text=True, timeout=300)
 
 
 def local_regen_turns(root: Path) -> list:

@@ -156,10 +156,11 @@ def _tree_problems(root: Path, manifest: dict) -> list[str]:
     return problems
 
 
-def summary(root: Path) -> str:
+def summary(root: Path, name: str | None = None) -> str:
+    """The one line of a sound regeneration; `name`: how it is named (default `root`)."""
     m = rd.read_manifest(Path(root))
     engine = m["provenance"]["engine"]
-    return (f"sound: {root}: regeneration of {m['num_records']} records, {m['num_conversations']} conversations, "
+    return (f"sound: {name or root}: regeneration of {m['num_records']} records, {m['num_conversations']} conversations, "
             f"{m['num_turns']} turns, {m['generated_tokens']} generated tokens in {len(m['parts'])} part(s); answers "
             f"by {engine['framework']} {engine['framework_version']} ({engine['dtype']}); "
             f"{m['truncated']['turns']} turn(s) stopped at max_tokens")
