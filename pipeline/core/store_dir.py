@@ -59,6 +59,23 @@ def checked_spool(spool_root: str, url: str, endpoint: str | None) -> Path:
     return spool
 
 
+def check_early(url: str, *, kind: DirKind, overwrite: bool, endpoint: str | None) -> None:
+    """What can be refused before a model is hashed or an engine starts: a location that cannot be used (no such
+    bucket, credentials refused, an endpoint that does not answer) and, without overwrite, a finished directory of
+    the kind. `held` decides the rest, under the lease."""
+    store = opened(url, endpoint)
+    store.check()
+    done = kind.layout.done
+    if overwrite or done is None or store.head(done) is None:
+        return
+    try:
+        finished = isinstance(_record(store, done, ValueError), dict)
+    except (ValueError, FileNotFoundError):
+        return  # a torn completing file: not finished (held says what it holds)
+    if finished and kind.finished_record is None:
+        raise kind.error(f"{kind.name(url)} holds a finished {kind.noun} ({done}); {kind.hint('replace it')}")
+
+
 def _record(store: Store, key: str, error: type[Exception]) -> object:
     where = f"{store.url}/{key}"
     data = store.get(key, 0, MAX_RECORD_BYTES + 1)

@@ -80,6 +80,8 @@ def _check(cfg: RegenerateConfig) -> tuple[RegenerateConfig, Path, ModelInfo, di
     except ValueError as e:
         raise ConfigError(str(e)) from e
     check_endpoint(cfg.s3_endpoint)
+    if SCHEME.match(cfg.out_dir):  # a bucket that cannot be used, or a finished regeneration: refused before any read
+        store_dir.check_early(cfg.out_dir, kind=rd.REGEN_DIR, overwrite=cfg.overwrite, endpoint=cfg.s3_endpoint)
     named = cfg.data.path
     cfg = with_local_data(cfg)
     # A regeneration directory itself is this job's to resume or (overwrite=true) replace: the lifecycle decides.

@@ -41,6 +41,7 @@ def test_a_run_on_s3_is_the_local_runs_bytes_and_reads_as_a_run(local_run, s3_en
             assert remote[sample_id]["hidden_states"].equal(local[sample_id]["hidden_states"])
     again = extract_s3(s3_url, tmp_path, s3_env)
     assert again.returncode == 2 and "holds a finished run" in output(again)
+    assert "prepared" not in output(again), "refused before the data is read or the model hashed"
     replaced = extract_s3(s3_url, tmp_path, s3_env, "overwrite=true")
     assert replaced.returncode == 0, output(replaced)[-3000:]
     same_run(s3_url, local_run)

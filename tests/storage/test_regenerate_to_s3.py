@@ -79,6 +79,7 @@ def test_a_regeneration_on_s3_is_the_local_ones_bytes_and_extract_reads_it(local
     assert checked.returncode == 0 and checked.stdout.startswith(f"sound: {s3_url}: regeneration"), output(checked)
     again = regenerate(s3_url, tmp_path, s3_env)
     assert again.returncode == 2 and "holds a finished regeneration" in output(again), output(again)[-2000:]
+    assert "to regenerate from" not in output(again), "refused before the prompts are read or the model hashed"
 
     on_answers = extract(s3_url, tmp_path / "on-answers", s3_env)  # the regeneration written to the bucket
     assert on_answers.returncode == 0, output(on_answers)[-3000:]
