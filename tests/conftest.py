@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -134,3 +135,16 @@ def s3_env(s3_server, monkeypatch):
 @pytest.fixture
 def s3_url(s3_env):
     return s3_env.url(f"t-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 4 MiB tmpfs (a small file system, for the capacity checks): the tiny default's six samples (~3 MB of states
+    at width 256) do not fit in it."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -184,7 +184,7 @@ def run_extract(dcfg: DictConfig) -> RunSummary | RunPlan:
     plan = make_plan(run, prepared.samples)  # before any weight is read or engine started
     if cfg.plan:
         return plan
-    if cfg.check_space and run.out_url is None:  # on object storage the spool holds only the units in flight
+    if cfg.check_space:  # on object storage: the spool, for the units in flight
         check_space(plan)
     digests = provenance.model_digests(run.model, chat_template, cfg.model.trust_remote_code)
     check_answers(prepared.regeneration, digests, run.model.path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from pipeline.shards.layout import HIDDEN_DTYPES, SHARDS_DIR, shard_paths
 from pipeline.shards.storage import SCALE_DTYPE, itemsize
@@ -31,14 +31,22 @@ class Capacity:
     state_bytes_per_token: int  # hidden states (and scales) as stored
     bytes_left: int  # what the unfinished shards will take on disk
     free_bytes: int | None  # on out_dir's file system (the nearest existing directory's), None when unknown
+    # A run on object storage: what its spool holds at most at once (the largest units, one per writer on the node),
+    # the figure `free_bytes` (the spool's) is checked against; None: out_dir is the run, it holds every byte
+    in_flight_bytes: int | None = None
 
     @property
     def bytes_total(self) -> int:
         return _bytes(self.tokens, self.samples, self.shards, self.state_bytes_per_token)
 
     @property
+    def bytes_needed(self) -> int:
+        """What the local file system must hold: the run's bytes left, or a run on object storage's units in flight."""
+        return self.bytes_left if self.in_flight_bytes is None else self.in_flight_bytes
+
+    @property
     def fits(self) -> bool:
-        return self.free_bytes is None or self.bytes_left <= self.free_bytes
+        return self.free_bytes is None or self.bytes_needed <= self.free_bytes
 
 
 def state_bytes_per_token(num_points: int, hidden_size: int, capture_dtype: str, storage_dtype: str | None) -> int:
@@ -51,19 +59,24 @@ def _bytes(tokens: int, samples: int, shards: int, per_token: int) -> int:
     return tokens * (per_token + TOKEN_EXTRA) + samples * SAMPLE_EXTRA + shards * SHARD_EXTRA + RUN_EXTRA
 
 
-def plan(units: Sequence[Sequence[int]], out_dir: Path, *, per_token: int, replacing: bool) -> Capacity:
+def plan(units: Sequence[Sequence[int]], out_dir: Path, *, per_token: int, replacing: bool,
+         finished: Callable[[int], bool] | None = None, writers: int | None = None) -> Capacity:
     """`units`: each shard's samples' token counts. A shard whose marker is there is finished (a resume writes the
-    rest); `replacing` (overwrite): every shard is written again and what the run holds now is freed first."""
-    left = [i for i in range(len(units)) if replacing or not shard_paths(out_dir, i)["marker"].exists()]
+    rest); `replacing` (overwrite): every shard is written again and what the run holds now is freed first. A run on
+    object storage (`writers`: the units its spool `out_dir` holds at once; `finished`: whether the store holds unit
+    i's marker) needs room on the local disk for the largest units in flight only."""
+    finished = finished or (lambda i: shard_paths(out_dir, i)["marker"].exists())
+    left = [i for i in range(len(units)) if replacing or not finished(i)]
     tokens_left = sum(sum(units[i]) for i in left)
     samples_left = sum(len(units[i]) for i in left)
     free = free_bytes(out_dir)
-    if free is not None and replacing and (out_dir / SHARDS_DIR).is_dir():
+    if free is not None and replacing and writers is None and (out_dir / SHARDS_DIR).is_dir():
         free += sum(p.stat().st_size for p in (out_dir / SHARDS_DIR).iterdir() if p.is_file())
+    largest = sorted((_bytes(sum(units[i]), len(units[i]), 1, per_token) - RUN_EXTRA for i in left), reverse=True)
     return Capacity(tokens=sum(map(sum, units)), samples=sum(map(len, units)), shards=len(units),
                     tokens_left=tokens_left, shards_left=len(left), state_bytes_per_token=per_token,
                     bytes_left=_bytes(tokens_left, samples_left, len(left), per_token) if left else 0,
-                    free_bytes=free)
+                    free_bytes=free, in_flight_bytes=None if writers is None else sum(largest[:writers]))
 
 
 def free_bytes(out_dir: Path) -> int | None:

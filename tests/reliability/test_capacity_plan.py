@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,18 +19,6 @@ KIMI_TEXT = {"hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_
              "n_routed_experts": 384, "num_experts_per_tok": 8, "num_attention_heads": 64, "num_key_value_heads": 64,
              "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
              "v_head_dim": 128, "qk_head_dim": 192, "head_dim": 64, "num_hidden_layers": 61}  # ../shared/KIMI_K25.md
-
-
-@pytest.fixture
-def small_fs(tmp_path):
-    """A 4 MiB tmpfs: the tiny default's six samples (~3 MB of states at width 256) do not fit in it."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def _plan(done) -> dict[str, str]:

@@ -118,6 +118,24 @@ def test_a_kill_at_a_write_step_on_s3_is_resumed_to_the_same_bytes(local_run, s3
     assert store.unfinished() == []
 
 
+def test_the_plan_of_a_run_on_s3_counts_the_buckets_units_and_checks_the_spools_room(s3_env, s3_url, tmp_path,
+                                                                                      small_fs):
+    killed = extract_s3(s3_url, tmp_path, s3_env, fault="kill@write:shard-00001.safetensors#2")  # shard 0 published
+    assert killed.returncode == -9, output(killed)[-2000:]
+    planned = extract_s3(s3_url, tmp_path, s3_env, "plan=true")
+    assert planned.returncode == 0, output(planned)[-3000:]
+    said = output(planned)
+    assert f"plan for {s3_url}: 6 samples" in said and "in 2 shard(s); 1 shard(s)," in said, said
+    assert "in the bucket in all" in said and "no size limit is checked on object storage; the spool" in said
+    # one unit of 40 samples (~20 MB of states) cannot be staged in a 4 MiB spool: refused before any engine starts
+    big = extract_s3(f"{s3_url}-big", tmp_path, s3_env, f"spool_dir={small_fs}", "data.limit=40",
+                     "runner.max_tokens_per_shard=1000000")
+    assert big.returncode == 2, output(big)[-3000:]
+    (line,) = error_lines(big)
+    assert f"spool_dir: {small_fs}/" in line and "for the units in flight" in line and "check_space=false" in line
+    assert "Loading weights" not in output(big) and open_store(f"{s3_url}-big").list() == []
+
+
 def test_a_prefix_another_extract_holds_is_refused_naming_the_holder(s3_env, s3_url, tmp_path):
     with StoreClaim(open_store(s3_url), ".lock"):
         done = extract_s3(s3_url, tmp_path, s3_env)
