@@ -267,12 +267,10 @@ class ExtractConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     gate: GateConfig = field(default_factory=GateConfig)
-    # The comparison the gate runs (diff.reference, the thresholds, alignment, routing flips); diff.engines, probe and
-    # html are the diff job's (DiffJobConfig) and unused here.
+    # the gate's comparison (reference, thresholds, alignment, routing flips); diff.engines/probe/html: unused here
     diff: DiffConfig = field(default_factory=DiffConfig)
     out_dir: str = MISSING  # the run directory (default runs/<date>-<time>), or s3://bucket/prefix
-    # out_dir or data.path on object storage: its endpoint (null: AWS_ENDPOINT_URL, else AWS's)
-    s3_endpoint: Optional[str] = None
+    s3_endpoint: Optional[str] = None  # object storage's endpoint (null: AWS_ENDPOINT_URL, else AWS's)
     # out_dir on object storage: where each unit is written before it is uploaded (a folder per out_dir, holding only
     # the units in flight); data.path there: where it is copied to be read
     spool_dir: str = "~/.cache/pipeline/spool"
@@ -281,8 +279,7 @@ class ExtractConfig:
     # An Ed25519 private key (PEM) that signs the run's attestation (pipeline.shards.attestation); null: unsigned.
     sign_key: Optional[str] = None
     plan: bool = False  # print the run's plan (tokens, bytes, free space, engines and memory per GPU), start nothing
-    # refuse, before any engine starts, a run whose shards the file system of out_dir cannot hold (pipeline/run/plan.py)
-    check_space: bool = True
+    check_space: bool = True  # refuse, before any engine starts, a run out_dir (or the spool) cannot hold
 
 
 @dataclass(kw_only=True)

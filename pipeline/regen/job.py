@@ -167,14 +167,7 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
     cfg = to_config(dcfg, RegenerateConfig)
     cfg, out, model, sampling, origin = _check(cfg)  # every config error surfaces here, before any model loads
     config = resolved_dict(dcfg)
-    try:
-        tokenizer = load_tokenizer(model.path, cfg.model.trust_remote_code)
-    except RemoteCodeError as e:
-        raise ConfigError(str(e)) from e
-    try:  # its errors name model.path or sampling.stop_token_ids themselves
-        stop_ids, stop = stop_token_ids(model.path, tokenizer, turn_ids(tokenizer), cfg.sampling.stop_token_ids)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
+    tokenizer, stop_ids, stop = _tokenizer(cfg, model)
     try:
         prompts = read_prompts(cfg.data.path, tokenizer, max_length=cfg.data.max_length, limit=cfg.data.limit,
                                n=cfg.sampling.n, seed=cfg.sampling.seed)
@@ -206,8 +199,21 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
         if not manifest["num_conversations"]:  # never finished: extract would refuse it
             raise _nothing_to_regenerate(dcfg, prompts, manifest)
         held.finish(lambda: _finish(held, manifest))
-    return RegenSummary(out_dir=cfg.out_dir if held.target is not None else out, manifest=manifest, resumed_units=sum(r.skipped for r in results),
-                        seconds=time.perf_counter() - started, generate_seconds=generate_seconds)
+    return RegenSummary(out_dir=cfg.out_dir if held.target is not None else out, manifest=manifest,
+                        resumed_units=sum(r.skipped for r in results), seconds=time.perf_counter() - started,
+                        generate_seconds=generate_seconds)
+
+
+def _tokenizer(cfg: RegenerateConfig, model: ModelInfo) -> tuple[Any, tuple[int, ...], dict[str, Any]]:
+    """The checkpoint's tokenizer, and the ids that end a turn (with their record); config errors naming why."""
+    try:
+        tokenizer = load_tokenizer(model.path, cfg.model.trust_remote_code)
+    except RemoteCodeError as e:
+        raise ConfigError(str(e)) from e
+    try:  # its errors name model.path or sampling.stop_token_ids themselves
+        return tokenizer, *stop_token_ids(model.path, tokenizer, turn_ids(tokenizer), cfg.sampling.stop_token_ids)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def _held(cfg: RegenerateConfig, out: Path, record: dict[str, Any]) -> ContextManager[Held]:

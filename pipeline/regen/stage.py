@@ -203,7 +203,8 @@ class RegenStage:
         spool = target.spool()
         paths = rd.part_paths(spool, result.index)
         rejected = _rel(spool, paths["rejects"])
-        target.publish(spool, list(result.files), _rel(spool, paths["marker"]), gone=[] if result.rejects else [rejected])
+        gone = [] if result.rejects else [rejected]  # an earlier attempt's rejects: not this part's
+        target.publish(spool, list(result.files), _rel(spool, paths["marker"]), gone=gone)
         return result
 
 
