@@ -5,13 +5,13 @@ S3 defines them: `If-None-Match: *` on PutObject *and* on CompleteMultipartUploa
 multipart writes take no put mode, pyarrow's file system has no conditional writes at all), `If-Match` on PutObject
 and DeleteObject (a lease), and the multipart calls themselves (list an upload's parts to resume it, list and abort the
 uploads a killed writer left), besides ranged GETs. Endpoint and credentials come the standard AWS way (environment,
-profiles, `AWS_ENDPOINT_URL`) or an explicit endpoint; no message here carries a credential or an endpoint's userinfo.
+profiles, `AWS_ENDPOINT_URL`) or an explicit endpoint; no message here carries a credential or an endpoint's userinfo
+(failures are translated by pipeline.core.s3_errors).
 """
 from __future__ import annotations
 
 import base64
 import email.utils
-import errno
 import hashlib
 import logging
 import math
@@ -27,13 +27,12 @@ import botocore.exceptions
 from botocore.config import Config
 
 from pipeline.core.faults import fault_point
+from pipeline.core.s3_errors import PastTheEnd, ours
 from pipeline.core.storage import Exists, ObjectInfo, Stale, StorageError, StorageFailed
 
 PART_BYTES = 32 << 20  # a multipart upload's part; with UPLOAD_THREADS, what an upload holds in memory at most
 UPLOAD_THREADS = 4
 _MAX_PARTS = 10_000  # S3's limit
-_CREDENTIALS = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken", "InvalidToken",
-                "InvalidClientTokenId", "AuthorizationHeaderMalformed"}
 
 # botocore logs at INFO which credential source it found ("Found credentials in environment variables."): a line in
 # every command that configures INFO logging (export, verify), saying nothing a user asked about.
@@ -50,10 +49,6 @@ def split_url(url: str) -> tuple[str, str]:
     if not bucket or parts.query or parts.fragment:
         raise StorageError(f"{url!r} is not an s3://bucket/prefix URL")
     return bucket, prefix
-
-
-class _PastTheEnd(Exception):
-    """A ranged GET that starts at or past the object's end (416)."""
 
 
 def _part(number: int, reply: dict) -> dict:
@@ -106,32 +101,9 @@ class S3Store:
         where = f"{self.url}/{key}" if key else self.url
         try:
             return getattr(self.client, op)(Bucket=self.bucket, **kw)
-        except botocore.exceptions.ClientError as e:
-            code = e.response.get("Error", {}).get("Code", "")
-            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            retried = e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0
-            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict") or status in (409, 412):
-                # retried: the first try may have succeeded, its reply lost (then the object is this write's); 409:
-                # a conflicting conditional write was in flight, which this one did not win
-                raise Stale(key, retried) from None
-            if "IfMatch" in kw and code in ("NoSuchKey", "404"):  # AWS: no version to match, the object is gone
-                raise Stale(key, retried) from None
-            if code == "NoSuchBucket":
-                raise StorageError(f"{where}: the bucket {self.bucket!r} does not exist at {self.endpoint}") from None
-            if code == "InvalidRange" or status == 416:
-                raise _PastTheEnd() from None
-            if code in _CREDENTIALS or status == 403:
-                raise StorageError(f"{where}: {self.endpoint} refused the credentials ({code or status})") from None
-            if code in ("NoSuchKey", "NoSuchUpload", "404") or status == 404:
-                raise FileNotFoundError(errno.ENOENT, "no such object", where) from None
-            raise StorageFailed(f"{where}: {op} failed: {code or status}") from None
-        except botocore.exceptions.NoCredentialsError:
-            raise StorageError(f"{where}: no credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
-                               f"AWS_PROFILE)") from None
-        except botocore.exceptions.EndpointConnectionError:
-            raise StorageError(f"{where}: {self.endpoint} does not answer (connection refused or no route)") from None
-        except botocore.exceptions.BotoCoreError as e:
-            raise StorageFailed(f"{where}: {op} failed: {type(e).__name__}") from None
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
+            raise ours(e, op=op, where=where, key=key, bucket=self.bucket, endpoint=self.endpoint,
+                       conditional="IfMatch" in kw) from None
 
     def check(self) -> None:
         """Before a job starts: the bucket exists and these credentials may list it (StorageError naming why)."""
@@ -156,7 +128,7 @@ class S3Store:
         try:
             body = self._call("get_object", key, Key=self._key(key),
                               **({"Range": span} if start or end else {}))["Body"]
-        except _PastTheEnd:  # a range starting at or past the end: no bytes, as a file read there gives
+        except PastTheEnd:  # a range starting at or past the end: no bytes, as a file read there gives
             return b""
         with body:
             return body.read()
