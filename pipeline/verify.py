@@ -27,6 +27,7 @@ from pipeline.shards import attestation  # noqa: E402
 from pipeline.shards.manifest import read_manifest  # noqa: E402
 from pipeline.shards.verify import verify_run  # noqa: E402
 from pipeline.shards.run_at import RunAt  # noqa: E402
+from pipeline.shards.signing_keys import load_public_key  # noqa: E402
 from pipeline.shards.staged import staged  # noqa: E402
 from pipeline.data.regeneration.verify import summary, verify_regeneration  # noqa: E402
 
@@ -64,7 +65,7 @@ def verify(argv: Sequence[str] | None) -> ExitCode:
     if is_regeneration(args.run_dir):
         _no_key(args.key, args.run_dir)
         return _verify_regeneration(args.run_dir)
-    key = None if args.key is None else attestation.load_public_key(args.key)  # AttestationKeyError: exit 2
+    key = None if args.key is None else load_public_key(args.key)  # AttestationKeyError: exit 2
     manifest = read_manifest(args.run_dir)  # ManifestError: not a finished run
     problems = verify_run(args.run_dir, key=key)
     if problems:
@@ -87,7 +88,7 @@ def _verify_on_store(url: str, key_path: Path | None, scratch: Path | None) -> E
                              f"pipeline.regenerate command to finish it")
         with staged(store, scratch, kind=LAYOUT) as (root, _):
             return _verify_regeneration(root, name=url)
-    key = None if key_path is None else attestation.load_public_key(key_path)
+    key = None if key_path is None else load_public_key(key_path)
     run = RunAt(url)
     manifest = run.manifest()  # ManifestError: not a finished run
     problems, proof = run.verify(key, scratch)

@@ -26,10 +26,10 @@ from pipeline.core.jsonfile import read_object
 from pipeline.exports.slots import ExportError
 from pipeline.exports.speculators import ARROW_FILE
 from pipeline.exports.unnorm import Unnorm
-from pipeline.shards import attestation
 from pipeline.shards import layout as shard_layout
 from pipeline.shards.reader import RunReader
 from pipeline.shards.run_at import RunAt
+from pipeline.shards.signing_keys import load_public_key
 
 FINITE_BLOCK_BYTES = 4 << 20  # the finite check's blocks of tokens (_finite)
 SIDECAR = "export.json"  # pipeline.exports.sidecar.SIDECAR (imported there from here would be a cycle)
@@ -95,7 +95,7 @@ class RunStates:
 
     @staticmethod
     def _prove(run: RunAt, key: str | Path) -> None:
-        public = attestation.load_public_key(key)
+        public = load_public_key(key)
         problems, _ = run.verify(key=public)
         if problems:
             raise RunStatesError(f"run {run.name} is not proven by {key} ({len(problems)} problem(s), first: "

@@ -19,7 +19,7 @@ from pipeline.data.from_store import with_local_data
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point, PointError, resolve
 from pipeline.shards.directory import RUN_DIR
-from pipeline.shards.attestation import AttestationKeyError, load_signing_key
+from pipeline.shards.signing_keys import AttestationKeyError, load_signing_key
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,6 +5,7 @@ Each engine starts once per test class (~15-25 s each on 2 cores). Figures are p
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -341,6 +342,32 @@ def test_tensor_parallel_ranks_on_cpu_capture_what_one_rank_does(tmp_path, tiny_
         refs = hf.capture(batch)
     worst = max(rel_l2(reader[r.sample_id]["hidden_states"], r.hidden_states_TPH) for r in refs)
     print(f"vLLM TP 2 vs HF, tiny Llama float32: worst relative L2 {worst:.1e}")
+    assert worst <= TOL
+
+
+@pytest.mark.slow
+def test_a_ray_replica_and_the_gates_reference_run_at_tp_2(tmp_path, tiny_model):
+    """#36 item 4: with runner=ray, the replica capturing the run and the gate's reference (a Ray task, as on a GPU
+    cluster whose driver has no GPU) each run vLLM at TP 2 on CPU: the gate passes, both engines record TP 2, and the
+    shards hold what a local TP 2 run captures."""
+    local, done = _extract(tmp_path, "local", "model=tiny_llama", "engine.tp_size=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "ray"
+    proc = subprocess.run([sys.executable, "-m", "pipeline.extract", "model=tiny_llama", "engine=vllm",
+                           "engine.dtype=float32", "engine.tp_size=2", "runner=ray", "runner.num_replicas=1",
+                           "diff.reference={name:vllm,dtype:float32,tp_size:2}", "data.limit=4", f"out_dir={out}",
+                           f"hydra.run.dir={tmp_path / 'ray-logs'}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "diff" / "report.json").read_text())
+    assert report["status"] == "ok", report["status"]
+    tps = {e["role"]: e["info"]["parallel"]["tp"] for e in report["engines"]}
+    assert tps == {"primary": 2, "reference": 2}, tps
+    assert json.loads((out / "manifest.json").read_text())["provenance"]["engine"]["parallel"]["tp"] == 2
+    a, b = RunReader(local), RunReader(out)
+    assert a.sample_ids == b.sample_ids
+    worst = max(rel_l2(b[s]["hidden_states"], a[s]["hidden_states"]) for s in a.sample_ids)
+    print(f"\nvLLM TP 2 on a Ray replica vs local, tiny Llama float32: worst relative L2 {worst:.1e}")
     assert worst <= TOL
 
 

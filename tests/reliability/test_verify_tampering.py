@@ -32,6 +32,7 @@ from pipeline.provenance import digest
 from pipeline.shards import attestation
 from pipeline.shards.manifest import manifest_text
 from pipeline.shards.reader import RunReader
+from pipeline.shards.signing_keys import keyid, load_public_key
 from pipeline.verify import main as verify_main
 
 pytestmark = pytest.mark.reliability
@@ -385,10 +386,10 @@ def test_a_signed_run_is_proven_by_its_key_and_refused_by_another(finished, caps
     out, _ = finished
     capsys.readouterr()
     assert verify_main([str(out), "--key", str(keys["signer"][1])]) == 0
-    signer = attestation.keyid(attestation.load_public_key(keys["signer"][1]))
+    signer = keyid(load_public_key(keys["signer"][1]))
     assert f"attestation signed by keyid {signer[:16]}... (--key)" in capsys.readouterr().out
     status, errors = verify(out, capsys, "--key", keys["other"][1])
-    other = attestation.keyid(attestation.load_public_key(keys["other"][1]))
+    other = keyid(load_public_key(keys["other"][1]))
     assert (status, errors) == (3, [
         f"attestation.intoto.json: no signature verifies with --key (keyid {other[:16]}...; signatures by keyid "
         f"{signer[:16]}...): the run was not attested by that key's holder, or was changed after it was signed",
@@ -407,7 +408,7 @@ def test_the_attestation_covers_every_file_and_the_provenance(finished, keys):
     assert statement["_type"] == "https://in-toto.io/Statement/v1"
     assert statement["predicate"] == json.loads((out / "manifest.json").read_text())["provenance"]
     assert [s["keyid"] for s in envelope["signatures"]] == [
-        attestation.keyid(attestation.load_public_key(keys["signer"][1]))]
+        keyid(load_public_key(keys["signer"][1]))]
 
 
 def test_a_sign_key_that_is_not_a_private_key_is_a_configuration_error(tmp_path, keys):
