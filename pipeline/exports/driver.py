@@ -109,10 +109,8 @@ def export_run(run_dir: Path | str, out: Path, exporter: Exporter, *, aux: Seque
     run, out = RunAt(run_dir), Path(out)
     manifest = _manifest(run)
     check_out(out, f"--out {out}", ExportError, writable=False)  # before anything is planned or read
-    num_layers = ((manifest.get("provenance") or {}).get("model") or {}).get("num_layers")
-    if not isinstance(num_layers, int):
-        raise ExportError(f"run {run.name}: its manifest's provenance has no model.num_layers, so bN is unknown")
-    plan = plan_slots(exporter.layout, run_points=manifest["points"], num_layers=num_layers, aux=aux, last=last)
+    plan = plan_slots(exporter.layout, run_points=manifest["points"], num_layers=_num_layers(run, manifest), aux=aux,
+                      last=last)
     record = plan_record(run, manifest, exporter.layout, plan)
     files = _states_files(exporter, record, states)
     files, target_vocab = _draft_vocab_files(run.name, manifest, exporter.layout.name, files, record, draft_vocab)
@@ -143,11 +141,23 @@ def export_run(run_dir: Path | str, out: Path, exporter: Exporter, *, aux: Seque
             if draft_vocab is not None:
                 sidecar["draft_vocab"] = vocab.write(out, _tokens(reader), draft_vocab, target_vocab)
         finish(out, _finished_sidecar(sidecar, exporter, plan, out, progress, index_files, unnorm, states))
+    return _result(complete, found, progress, index_files, states)
+
+
+def _result(complete: ExportResult, status: lifecycle.Plan, progress: ExportProgress, index_files: Sequence[Path],
+            states: str) -> ExportResult:
     if states == "reference":  # every sample is referenced; what was written is the index files
-        return ExportResult(out=out, status=found, plan=plan, written=manifest["num_samples"], skipped=0,
-                            bytes_written=sum(p.stat().st_size for p in index_files), seconds=progress.elapsed)
-    return ExportResult(out=out, status=found, plan=plan, written=progress.written, skipped=progress.skipped,
-                        bytes_written=progress.bytes, seconds=progress.elapsed)
+        return replace(complete, status=status, written=complete.skipped, skipped=0,
+                       bytes_written=sum(p.stat().st_size for p in index_files), seconds=progress.elapsed)
+    return replace(complete, status=status, written=progress.written, skipped=progress.skipped,
+                   bytes_written=progress.bytes, seconds=progress.elapsed)
+
+
+def _num_layers(run: RunAt, manifest: Mapping[str, Any]) -> int:
+    num_layers = ((manifest.get("provenance") or {}).get("model") or {}).get("num_layers")
+    if not isinstance(num_layers, int):
+        raise ExportError(f"run {run.name}: its manifest's provenance has no model.num_layers, so bN is unknown")
+    return num_layers
 
 
 def _states_files(exporter: Exporter, record: dict, states: str) -> Layout:
