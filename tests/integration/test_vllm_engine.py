@@ -360,7 +360,7 @@ def test_a_ray_replica_and_the_gates_reference_run_at_tp_2(tmp_path, tiny_model)
                           timeout=900, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "diff" / "report.json").read_text())
-    assert report["status"] == "ok", report["status"]
+    assert report["status"] == "pass", report["status"]
     tps = {e["role"]: e["info"]["parallel"]["tp"] for e in report["engines"]}
     assert tps == {"primary": 2, "reference": 2}, tps
     assert json.loads((out / "manifest.json").read_text())["provenance"]["engine"]["parallel"]["tp"] == 2
