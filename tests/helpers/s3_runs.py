@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from pipeline.core.stores import open_store
-from tests.helpers.runs import REPO, SMALL, env_with
+from tests.helpers.runs import REPO, SMALL, env_with, output
 
 # Files a run writes that depend on where and when it ran: the lease, the manifest's provenance (out_dir, host,
 # time) and the attestation over it. Every other object is byte for byte the local run's file.
@@ -46,3 +46,27 @@ def same_run(url: str, local: Path) -> None:
     assert there.keys() == here.keys()
     differ = sorted(k for k in there if k not in PLACE_BOUND and there[k] != here[k])
     assert not differ, f"objects of {url} that are not the local run's bytes: {differ}"
+
+
+def killed_then_resumed(write, url: str, step: str, noun: str) -> subprocess.CompletedProcess | None:
+    """`write(fault=...)` (a job writing to `url`) killed at `step`, then run again: the rerun, which resumed it (None
+    when the kill came after the manifest was in place: the rerun refused the finished `noun`, as it must). Either
+    way no manifest is visible before the kill's step put it there, and no multipart upload is left."""
+    killed = write(fault=f"kill@{step}")
+    assert killed.returncode == -9, output(killed)[-2000:]
+    store = open_store(url)
+    assert (store.head("manifest.json") is None) == (step != "rename:manifest.json")
+    resumed = write()
+    finished = step == "rename:manifest.json"
+    if finished:
+        assert resumed.returncode == 2 and f"holds a finished {noun}" in output(resumed), output(resumed)[-3000:]
+    else:
+        assert resumed.returncode == 0, output(resumed)[-3000:]
+    assert store.unfinished() == []
+    return None if finished else resumed
+
+
+def left_nothing_behind(url: str, spool: Path, noun: str) -> None:
+    """A finished job on `url`: no multipart upload left, and its spool emptied."""
+    assert open_store(url).unfinished() == []
+    assert list(spool.iterdir()) == [], f"the spool keeps nothing of a finished {noun}"

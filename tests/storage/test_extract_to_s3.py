@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from functools import partial
 
 import pytest
 
@@ -13,7 +14,7 @@ from pipeline.core.stores import open_store
 from pipeline.core.storeclaim import StoreClaim
 from pipeline.shards.reader import RunReader
 from tests.helpers.runs import REPO, env_with, error_lines, output
-from tests.helpers.s3_runs import extract_s3, same_run
+from tests.helpers.s3_runs import extract_s3, killed_then_resumed, left_nothing_behind, same_run
 from tests.helpers.sweep import sampled
 
 # Each name is written twice on object storage: into the spool (#1), then to the store (#2).
@@ -28,8 +29,7 @@ def test_a_run_on_s3_is_the_local_runs_bytes_and_reads_as_a_run(local_run, s3_en
     assert done.returncode == 0, output(done)[-3000:]
     assert f"run directory: {s3_url}" in done.stdout
     same_run(s3_url, local_run)
-    assert open_store(s3_url).unfinished() == []
-    assert list((tmp_path / "spool").iterdir()) == [], "the spool keeps nothing of a finished run"
+    left_nothing_behind(s3_url, tmp_path / "spool", "run")
     store = open_store(s3_url)
     written = [store.get(o.key) for o in store.list()] + [p.read_bytes() for p in (tmp_path / "logs").rglob("*")
                                                           if p.is_file()] + [output(done).encode()]
@@ -103,19 +103,11 @@ def test_verify_reads_every_byte_of_a_run_on_s3(local_run, s3_env, s3_url, tmp_p
 
 @pytest.mark.parametrize("step", sampled(STEPS, KILLS))
 def test_a_kill_at_a_write_step_on_s3_is_resumed_to_the_same_bytes(local_run, s3_env, s3_url, tmp_path, step):
-    killed = extract_s3(s3_url, tmp_path, s3_env, fault=f"kill@{step}")
-    assert killed.returncode == -9, output(killed)[-2000:]
-    store = open_store(s3_url)
-    assert (store.head("manifest.json") is None) == (step != "rename:manifest.json")
-    resumed = extract_s3(s3_url, tmp_path, s3_env)
-    if step == "rename:manifest.json":
-        assert resumed.returncode == 2 and "holds a finished run" in output(resumed)
-    else:
-        assert resumed.returncode == 0, output(resumed)[-3000:]
+    resumed = killed_then_resumed(partial(extract_s3, s3_url, tmp_path, s3_env), s3_url, step, "run")
+    if resumed is not None:
         finished_earlier = "(1 finished earlier)" in resumed.stdout
         assert finished_earlier == (step == "rename:shard-00000.done.json#2"), resumed.stdout
     same_run(s3_url, local_run)
-    assert store.unfinished() == []
 
 
 def test_the_plan_of_a_run_on_s3_counts_the_buckets_units_and_checks_the_spools_room(s3_env, s3_url, tmp_path,

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -17,7 +18,7 @@ from safetensors import safe_open
 from pipeline.core.stores import open_store
 from tests.helpers import REPO
 from tests.helpers.runs import env_with, output
-from tests.helpers.s3_runs import files, objects
+from tests.helpers.s3_runs import files, killed_then_resumed, left_nothing_behind, objects
 from tests.helpers.sweep import sampled
 
 # Two parts of two conversations on the tiny Llama, greedy (as tests/reliability/test_regen_reliability.py).
@@ -73,8 +74,7 @@ def test_a_regeneration_on_s3_is_the_local_ones_bytes_and_extract_reads_it(local
     assert done.returncode == 0, output(done)[-3000:]
     assert f"regeneration directory: {s3_url}" in done.stdout
     same_regeneration(s3_url, local_regen)
-    assert open_store(s3_url).unfinished() == []
-    assert list((tmp_path / "spool").iterdir()) == [], "the spool keeps nothing of a finished regeneration"
+    left_nothing_behind(s3_url, tmp_path / "spool", "regeneration")
     checked = verify(s3_url, s3_env)
     assert checked.returncode == 0 and checked.stdout.startswith(f"sound: {s3_url}: regeneration"), output(checked)
     again = regenerate(s3_url, tmp_path, s3_env)
@@ -176,27 +176,5 @@ def test_an_unfinished_regeneration_in_a_bucket_is_refused_as_data(s3_env, s3_ur
 
 @pytest.mark.parametrize("step", sampled(STEPS, KILLS))
 def test_a_kill_at_a_write_step_on_s3_is_resumed_to_the_same_bytes(local_regen, s3_env, s3_url, tmp_path, step):
-    killed = regenerate(s3_url, tmp_path, s3_env, fault=f"kill@{step}")
-    assert killed.returncode == -9, output(killed)[-2000:]
-    store = open_store(s3_url)
-    assert (store.head("manifest.json") is None) == (step != "rename:manifest.json")
-    resumed = regenerate(s3_url, tmp_path, s3_env)
-    if step == "rename:manifest.json":
-        assert resumed.returncode == 2 and "holds a finished regeneration" in output(resumed)
-    else:
-        assert resumed.returncode == 0, output(resumed)[-3000:]
+    killed_then_resumed(partial(regenerate, s3_url, tmp_path, s3_env), s3_url, step, "regeneration")
     same_regeneration(s3_url, local_regen)
-    assert store.unfinished() == []
-
-
-def test_the_documented_commands_regenerate_into_the_bucket_and_extract_from_it(s3_env, tmp_path):
-    """docs/how-to/object-storage.md, as written (the bucket `runs` is the server's)."""
-    regen = ".venv/bin/python -m pipeline.regenerate out_dir=s3://runs/answers data.limit=4 sampling.max_tokens=8"
-    run = ".venv/bin/python -m pipeline.extract data.path=s3://runs/answers out_dir=s3://runs/on-answers gate.mode=off"
-    for command, said in ((regen, "regeneration directory: s3://runs/answers"),
-                          (run, "run directory: s3://runs/on-answers")):
-        done = subprocess.run(["bash", "-c", command], cwd=REPO, env=env_with(**s3_env.env, HOME=str(tmp_path)),
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0 and said in done.stdout, output(done)[-3000:]
-    manifest = json.loads(open_store("s3://runs/on-answers").get("manifest.json"))
-    assert manifest["num_samples"] > 0 and manifest["provenance"]["data"]["regeneration"]["manifest_sha256"]
