@@ -276,8 +276,7 @@ class ExtractConfig:
     spool_dir: str = "~/.cache/pipeline/spool"
     overwrite: bool = False  # replace a finished run directory (never done silently)
     wait_for_lock: bool = False  # another extract holds out_dir: wait for it to finish instead of exiting
-    # An Ed25519 private key (PEM) that signs the run's attestation (pipeline.shards.attestation); null: unsigned.
-    sign_key: Optional[str] = None
+    sign_key: Optional[str] = None  # an Ed25519 private key (PEM) that signs the run's attestation; null: unsigned
     plan: bool = False  # print the run's plan (tokens, bytes, free space, engines and memory per GPU), start nothing
     check_space: bool = True  # refuse, before any engine starts, a run out_dir (or the spool) cannot hold
 
@@ -290,11 +289,12 @@ class DiffJobConfig:
     model: ModelConfig = MISSING
     data: DataConfig = MISSING
     diff: DiffConfig = field(default_factory=DiffConfig)
-    # The points `diff.points` names: `capture` compares at `capture.points`, and a list is written in
-    # `capture.convention`, as extract reads them; so an extract's capture overrides check the same points here.
+    # diff.points=capture compares at capture.points; a list is in capture.convention, as extract reads them
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     storage_dtype: Optional[str] = None  # also report what storing the compared states in this dtype costs
     out_dir: str = MISSING  # where report.json, report.md and report.html are written
+    s3_endpoint: Optional[str] = None  # data.path on object storage: its endpoint (null: AWS_ENDPOINT_URL, else AWS's)
+    spool_dir: str = "~/.cache/pipeline/spool"  # data.path on object storage: where it is copied to be read
 
     def __post_init__(self) -> None:
         check_storage_dtype(self.storage_dtype, "storage_dtype")

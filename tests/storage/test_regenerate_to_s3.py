@@ -151,7 +151,7 @@ def same_shards(a: Path, b: Path) -> None:
             assert x.keys() == y.keys() and all(x.get_tensor(k).equal(y.get_tensor(k)) for k in x.keys())
 
 
-def test_a_prompt_file_in_a_bucket_is_read_as_the_file_on_disk(s3_env, s3_url, tmp_path):
+def test_a_prompt_file_in_a_bucket_is_read_as_the_file_on_disk(local_regen, s3_env, s3_url, tmp_path):
     prompts = REPO / "pipeline" / "data" / "bundled" / "conversations.jsonl"
     store = open_store(s3_url)
     store.put("conversations.jsonl", prompts.read_bytes())
@@ -159,6 +159,17 @@ def test_a_prompt_file_in_a_bucket_is_read_as_the_file_on_disk(s3_env, s3_url, t
     from_bucket = extract(f"{s3_url}/conversations.jsonl", tmp_path / "from-bucket", s3_env, "data.limit=4")
     assert from_disk.returncode == 0 and from_bucket.returncode == 0, output(from_bucket)[-3000:]
     same_shards(tmp_path / "from-disk", tmp_path / "from-bucket")
+    url = f"{s3_url}/conversations.jsonl"
+    regen = regenerate(tmp_path / "regen", tmp_path, s3_env, f"data.path={url}")  # regenerate reads it the same way
+    assert regen.returncode == 0, output(regen)[-3000:]
+    parts = {k: v for k, v in files(tmp_path / "regen").items() if k.startswith("records/")}
+    assert parts and parts == {k: v for k, v in files(local_regen).items() if k.startswith("records/")}
+    diff = subprocess.run([sys.executable, "-m", "pipeline.diff", "model=tiny_llama", f"data.path={url}",
+                           f"out_dir={tmp_path / 'report'}", f"hydra.run.dir={tmp_path}/diff-logs",
+                           f"spool_dir={tmp_path}/spool"], cwd=REPO, env=env_with(**s3_env.env), capture_output=True,
+                          text=True, timeout=600)
+    assert diff.returncode == 0, output(diff)[-3000:]
+    assert json.loads((tmp_path / "report" / "report.json").read_text())["probe"]["samples"]
     missing = extract(f"{s3_url}/nothing.jsonl", tmp_path / "missing", s3_env)
     assert missing.returncode == 2 and f"data.path='{s3_url}/nothing.jsonl': there is no such object" in \
         output(missing), output(missing)[-2000:]
@@ -178,3 +189,16 @@ def test_an_unfinished_regeneration_in_a_bucket_is_refused_as_data(s3_env, s3_ur
 def test_a_kill_at_a_write_step_on_s3_is_resumed_to_the_same_bytes(local_regen, s3_env, s3_url, tmp_path, step):
     killed_then_resumed(partial(regenerate, s3_url, tmp_path, s3_env), s3_url, step, "regeneration")
     same_regeneration(s3_url, local_regen)
+
+
+def test_the_documented_commands_regenerate_into_the_bucket_and_extract_from_it(s3_env, tmp_path):
+    """docs/how-to/object-storage.md, as written (the bucket `runs` is the server's)."""
+    regen = ".venv/bin/python -m pipeline.regenerate out_dir=s3://runs/answers data.limit=4 sampling.max_tokens=8"
+    run = ".venv/bin/python -m pipeline.extract data.path=s3://runs/answers out_dir=s3://runs/on-answers gate.mode=off"
+    for command, said in ((regen, "regeneration directory: s3://runs/answers"),
+                          (run, "run directory: s3://runs/on-answers")):
+        done = subprocess.run(["bash", "-c", command], cwd=REPO, env=env_with(**s3_env.env, HOME=str(tmp_path)),
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0 and said in done.stdout, output(done)[-3000:]
+    manifest = json.loads(open_store("s3://runs/on-answers").get("manifest.json"))
+    assert manifest["num_samples"] > 0 and manifest["provenance"]["data"]["regeneration"]["manifest_sha256"]

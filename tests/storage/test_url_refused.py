@@ -1,9 +1,9 @@
 """A URL where a command takes a local path is refused in one line naming it, exit 2, nothing written: before, extract
 with `out_dir=s3://runs/r1` wrote the local directory `./s3:/runs/r1` and exited 0, and verify reported its problems
-"in s3:/runs/r1". (extract's out_dir and verify take `s3://` now: tests/storage/test_extract_to_s3.py; export's RUN and doctor's
---run: tests/exports/test_export_from_s3.py; regenerate's out_dir and extract's data.path:
-tests/storage/test_regenerate_to_s3.py; a URL a path already swallowed, `s3:/runs/r1`, and a scheme other than s3 are
-still refused.)"""
+"in s3:/runs/r1". (extract's out_dir and verify take `s3://` now: tests/storage/test_extract_to_s3.py; export's RUN
+and doctor's --run: tests/exports/test_export_from_s3.py; regenerate's out_dir and the data.path of extract,
+regenerate and the diff: tests/storage/test_regenerate_to_s3.py; a URL a path already swallowed, `s3:/runs/r1`, and a
+scheme other than s3 are still refused.)"""
 from __future__ import annotations
 
 import subprocess
@@ -14,7 +14,6 @@ import pytest
 URL = "s3://runs/r1"
 COMMANDS = {
     "extract out_dir": ["pipeline.extract", "out_dir=s3:/runs/r1"],
-    "diff data.path": ["pipeline.diff", f"data.path={URL}/data.jsonl", "out_dir=report"],
     "verify": ["pipeline.verify", "s3:/runs/r1"],
     "export --out": ["pipeline.export", "run", "--format", "speculators", "--out", URL],
     "accept --export": ["pipeline.accept", "--draft", "draft", "--serve", "vllm", "--export", URL, "--prompts",
