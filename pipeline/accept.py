@@ -25,7 +25,7 @@ from typing import Sequence
 import yaml
 
 from pipeline.core.cli import ExitCode, UsageError, interrupts_from_here, run_command
-from pipeline.core.storage import path_arg
+from pipeline.core.storage import location_arg, path_arg
 
 interrupts_from_here(__name__, "accept")  # before the imports below (seconds): Ctrl-C there is one line too
 
@@ -41,9 +41,12 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--serve", required=True, choices=("vllm", "sglang"), help="the serving framework")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--target", type=path_arg, help="the target model directory")
-    source.add_argument("--run", type=path_arg, help="the run whose shards trained the drafter (its model directory)")
-    source.add_argument("--export", type=path_arg,
-                        help="the export the drafter was trained on (its run's model directory)")
+    source.add_argument("--run", type=location_arg,
+                        help="the run whose shards trained the drafter (its model directory; a directory or "
+                             "s3://bucket/prefix)")
+    source.add_argument("--export", type=location_arg,
+                        help="the export the drafter was trained on (its run's model directory; a directory or "
+                             "s3://bucket/prefix)")
     parser.add_argument("--prompts", required=True, type=path_arg, help="JSONL chat records")
     parser.add_argument("--out", required=True, type=path_arg, help="the report directory")
     parser.add_argument("--num-speculative-tokens", type=int, default=3)

@@ -35,7 +35,8 @@ def parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--run", type=location_arg,
                         help="the run whose shards trained the drafter (a directory, or s3://bucket/prefix)")
-    source.add_argument("--export", type=path_arg, help="the export the trainer read (its export.json)")
+    source.add_argument("--export", type=location_arg,
+                        help="the export the trainer read (its export.json; a directory or s3://bucket/prefix)")
     parser.add_argument("--target", type=path_arg, help="the target model directory (config.json)")
     parser.add_argument("--serve-version", help="the serving framework's version (default: the one in its environment "
                         "here, .venv-sglang / .venv-vllm; else SGLang 0.5.23, vLLM 0.32.0)")

@@ -1,5 +1,6 @@
 """`python -m pipeline.export RUN_DIR --format speculators|specforge --out OUT_DIR [--aux POINTS [--convention C]]
-[--last POINT] [--draft-vocab N] [--states copy|reference] [--storage fp8]`; RUN_DIR may be `s3://bucket/prefix`.
+[--last POINT] [--draft-vocab N] [--states copy|reference] [--storage fp8] [--spool-dir DIR]`; RUN_DIR and OUT_DIR
+may be `s3://bucket/prefix`.
 
 Writes a finished, verified run in the layout a trainer reads as it is (pipeline/exports/). POINTS are written as
 `capture.points` takes them: canonical labels or boundaries (b3,b31,b59 or [3,31,59]), or with `--convention` a
@@ -27,7 +28,8 @@ import sys
 from typing import Sequence
 
 from pipeline.core.cli import ExitCode, interrupts_from_here, run_command
-from pipeline.core.storage import location_arg, path_arg
+from pipeline.core.storage import location_arg
+from pipeline.core.store_dir import DEFAULT_SPOOL
 
 interrupts_from_here(__name__, "export")  # before the imports below (seconds): Ctrl-C there is one line too
 
@@ -44,7 +46,9 @@ def parser() -> argparse.ArgumentParser:
                         help="a finished run directory (manifest.json + shards/), or a run on object storage "
                              "(s3://bucket/prefix: verified through a staged copy, read by ranges)")
     parser.add_argument("--format", required=True, choices=sorted(FORMATS), help="the trainer layout")
-    parser.add_argument("--out", required=True, type=path_arg, help="the export directory (new, or a partial export)")
+    parser.add_argument("--out", required=True, type=location_arg,
+                        help="the export directory (new, or a partial export), or s3://bucket/prefix (each file "
+                             "written in --spool-dir, then uploaded; export.json last)")
     parser.add_argument("--aux", type=split_points, default=None,
                         help="aux points as capture.points takes them: b3,b31,b59 or [3,31,59]")
     parser.add_argument("--convention", default="canonical", choices=FRAMEWORKS,
@@ -62,6 +66,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--storage", default=None, choices=("fp8",),
                         help="speculators, a full copy: the states in speculators' FP8 layout (float8_e4m3fn, one "
                              "scale per token; --hidden-states-backend fp8), rounding error recorded per slot")
+    parser.add_argument("--spool-dir", default=DEFAULT_SPOOL,
+                        help=f"with --out s3://...: the local folder a file is written in before it is uploaded "
+                             f"(default {DEFAULT_SPOOL})")
     return parser
 
 
@@ -77,7 +84,7 @@ def export(argv: Sequence[str] | None) -> ExitCode:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     result = export_run(args.run_dir, args.out, exporter_for(args.format, args.storage), aux=_aux(args),
-                        last=args.last, draft_vocab=args.draft_vocab, states=args.states)
+                        last=args.last, draft_vocab=args.draft_vocab, states=args.states, spool_dir=args.spool_dir)
     slots = ", ".join(p.label for p in result.plan.points)
     if result.status == "complete":
         print(f"already complete: {result.out} ({args.format}, slots {slots}); nothing written")

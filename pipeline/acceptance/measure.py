@@ -51,7 +51,7 @@ def engine_spec(s: Settings, draft: Path | None, max_len: int) -> EngineSpec:
     return spec
 
 
-def _target_dir(target: Path | None, run: Path | None, export: Path | None) -> Path:
+def _target_dir(target: Path | None, run: Path | str | None, export: Path | str | None) -> Path:
     found = gather(run=run, export=export, model_dir=target).model_dir  # TargetError: a usage error
     if found is None or not (Path(found) / "config.json").is_file():
         given = next(f"--{flag} {path}" for flag, path in (("run", run), ("export", export), ("target", target))
@@ -94,7 +94,7 @@ def _prompts(path: Path, model_dir: Path, s: Settings) -> tuple[list[list[int]],
     return ids, rejected
 
 
-def _doctor(draft: Path, model_dir: Path, run: Path | None, export: Path | None) -> Doctor:
+def _doctor(draft: Path, model_dir: Path, run: Path | str | None, export: Path | str | None) -> Doctor:
     findings, _ = examine(Request(draft=draft, serve="vllm", run=run, export=export, target=model_dir))  # usage errors
     return Doctor(verdict="MISMATCH" if failed(findings) else "OK",
                   findings=tuple(f"{f.status} {f.check} {f.message}" for f in findings))
@@ -132,8 +132,8 @@ class Plan:
     rejected: int
 
 
-def prepare(drafts: Sequence[Path], *, target: Path | None, run: Path | None, export: Path | None, prompts: Path,
-            out: Path, overwrite: bool, settings: Settings) -> Plan:
+def prepare(drafts: Sequence[Path], *, target: Path | None, run: Path | str | None, export: Path | str | None,
+            prompts: Path, out: Path, overwrite: bool, settings: Settings) -> Plan:
     engine_spec(settings, None, 1)  # the options checked before anything is read or started
     try:
         check_readable(prompts)  # as extract checks data.path: a directory, a FIFO or /dev/zero is no prompt file
@@ -146,8 +146,9 @@ def prepare(drafts: Sequence[Path], *, target: Path | None, run: Path | None, ex
     return Plan(model_dir=model_dir, doctors=doctors, prompt_ids=ids, rejected=rejected)
 
 
-def measure(drafts: Sequence[Path], *, target: Path | None, run: Path | None, export: Path | None = None,
-            prompts: Path, out: Path, settings: Settings, overwrite: bool = False) -> Report:
+def measure(drafts: Sequence[Path], *, target: Path | None, run: Path | str | None,
+            export: Path | str | None = None, prompts: Path, out: Path, settings: Settings,
+            overwrite: bool = False) -> Report:
     plan = prepare(drafts, target=target, run=run, export=export, prompts=prompts, out=out, overwrite=overwrite,
                    settings=settings)
     model_dir, ids = plan.model_dir, plan.prompt_ids
@@ -171,8 +172,8 @@ def measure(drafts: Sequence[Path], *, target: Path | None, run: Path | None, ex
 
 
 def _report(drafts: Sequence[Path], served: dict[Path, dict], failures: dict[Path, UsageError | RunFailed],
-            plain: dict, plan: Plan, settings: Settings, *, prompts: Path, run: Path | None,
-            export: Path | None) -> Report:
+            plain: dict, plan: Plan, settings: Settings, *, prompts: Path, run: Path | str | None,
+            export: Path | str | None) -> Report:
     names = {d: d.name if [x.name for x in drafts].count(d.name) == 1 else str(d) for d in drafts}
     doctors = dict(zip(drafts, plan.doctors))
     plain_out = plain_result(plain["results"])

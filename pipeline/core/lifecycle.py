@@ -46,9 +46,9 @@ class DirKind:
     overwrite: str | None = "overwrite=true"  # what lets a replacement happen; None: nothing does
     wait: str | None = "wait_for_lock=true"  # what makes a claim wait for the holder; None: nothing does
     error: type[UsageError] = ConfigError
-    # The record a finished directory carries, for a kind a rerun of the same work finds complete (an export);
-    # None: a finished directory is only ever replaced.
-    finished_record: Callable[[Path], dict | None] | None = None
+    # The record a finished directory's completing file (read as a JSON object, and where it was read) carries, for a
+    # kind a rerun of the same work finds complete (an export); None: a finished directory is only ever replaced.
+    finished_record: Callable[[dict, str], dict | None] | None = None
     replace_late: bool = False  # its writer replaces a finished directory's files once the new ones are complete
 
     def name(self, out: Path | str) -> str:
@@ -106,7 +106,8 @@ class LocalView:
         return read_object(self.out / str(self.kind.layout.start), self.kind.error)
 
     def finished_record(self) -> dict | None:
-        return self.kind.finished_record(self.out)
+        path = self.out / str(self.kind.layout.done)
+        return self.kind.finished_record(read_object(path, self.kind.error), str(path))
 
 
 def _start_record(view: View, out: Path | str, kind: DirKind, *, overwrite: bool) -> dict:

@@ -29,11 +29,12 @@ from pipeline.core.lifecycle import DirKind, Plan, inspect, refusals
 from pipeline.core.claim import ClaimLost
 from pipeline.core.cli import ConfigError
 from pipeline.core.outdir import json_text, unusable_dir
-from pipeline.core.storage import Exists, Store, StorageError
+from pipeline.core.storage import Exists, Store
 from pipeline.core.storeclaim import StoreClaim, check_store_lease
 from pipeline.core.stores import open_store
 
 MAX_RECORD_BYTES = 16 << 20  # a start record or a marker read back from the store
+DEFAULT_SPOOL = "~/.cache/pipeline/spool"  # where a job stages what it writes to or reads from a store (spool_dir)
 
 
 @functools.lru_cache(maxsize=8)
@@ -86,8 +87,6 @@ class StoreView:
     """What `lifecycle.inspect` reads of a store's prefix: one listing, the start record and the completing file."""
 
     def __init__(self, store: Store, kind: DirKind) -> None:
-        if kind.finished_record is not None:
-            raise StorageError(f"{kind.noun}s are not written to object storage yet: {store.url}")
         self.store, self.kind = store, kind
         self.keys = {o.key for o in store.list()}
 
@@ -110,14 +109,17 @@ class StoreView:
         return self.kind.layout.start in self.keys
 
     def read_start(self) -> dict:
-        key = str(self.kind.layout.start)
+        return self._object(str(self.kind.layout.start))
+
+    def finished_record(self) -> dict | None:
+        done = str(self.kind.layout.done)
+        return self.kind.finished_record(self._object(done), f"{self.store.url}/{done}")  # type: ignore[misc]
+
+    def _object(self, key: str) -> dict:
         value = _record(self.store, key, self.kind.error)
         if not isinstance(value, dict):
             raise self.kind.error(f"{self.store.url}/{key} holds no JSON object")
         return value
-
-    def finished_record(self) -> dict | None:  # never called: refused in __init__
-        return None
 
 
 @dataclass(frozen=True)

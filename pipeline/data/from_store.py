@@ -8,14 +8,12 @@ place), and kept for a rerun while the objects keep their sizes and ETags; sampl
 copy reads as the same data as the original on disk."""
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from pipeline.core.storage import SCHEME, ObjectInfo, Store, StorageError, download
+from pipeline.core.storage import SCHEME, ObjectInfo, StorageError
+from pipeline.core.store_copy import copied
 from pipeline.core.stores import open_store
 from pipeline.data.regeneration import LAYOUT, LOCK, MANIFEST, START_FILE
 
@@ -48,7 +46,7 @@ def local_copy(url: str, spool_root: str, endpoint: str | None, *, option: str =
         if info is None:
             raise StorageError(f"{option}={url!r}: there is no such object (nor a regeneration under that prefix)")
         objects = {name: info}
-    return _copied(store, url, name, objects, spool_root, prefix=bool(listing))
+    return copied(store, url, name, objects, spool_root, prefix=bool(listing))
 
 
 def _regeneration(url: str, listing: dict[str, ObjectInfo], option: str) -> dict[str, ObjectInfo]:
@@ -59,33 +57,3 @@ def _regeneration(url: str, listing: dict[str, ObjectInfo], option: str) -> dict
         raise StorageError(f"{option}={url!r} holds {what}")
     foreign = set(LAYOUT.foreign_keys(listing))
     return {key: info for key, info in listing.items() if key not in foreign and key != LOCK}
-
-
-def _copied(store: Store, url: str, name: str, objects: dict[str, ObjectInfo], spool_root: str, *,
-            prefix: bool) -> Path:
-    """`<spool>/data/<url's digest>/<objects' digest>/<name>`: an earlier copy of the same objects is used as it is;
-    a copy of other versions is removed once this one is in place."""
-    versions = Path(spool_root).expanduser() / "data" / _digest(f"{getattr(store, 'endpoint_url', None)} {url}")
-    these = versions / _digest(" ".join(f"{k}:{o.size}:{o.etag}" for k, o in sorted(objects.items())))
-    if not (these / name).exists():
-        scratch = versions / f".incoming-{os.getpid()}"
-        try:
-            shutil.rmtree(scratch, ignore_errors=True)
-            for key, info in objects.items():
-                download(store, key, scratch / name / key if prefix else scratch / key, info.size)
-        except OSError as e:
-            shutil.rmtree(scratch, ignore_errors=True)
-            raise StorageError(f"spool_dir={spool_root!r} cannot hold the copy of {url} read from there: "
-                               f"{e.strerror or e}") from None
-        try:
-            scratch.rename(these)
-        except OSError:  # another job copied the same objects meanwhile
-            shutil.rmtree(scratch, ignore_errors=True)
-    for other in versions.iterdir():
-        if other != these and not other.name.startswith(".incoming-"):
-            shutil.rmtree(other, ignore_errors=True)
-    return these / name
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -21,8 +21,8 @@ WeightsCheck = Callable[[Draft, ServerView, Target], list[Finding]]
 class Request:
     draft: Path
     serve: str
-    run: Path | None = None
-    export: Path | None = None
+    run: Path | str | None = None
+    export: Path | str | None = None
     target: Path | None = None
     serve_version: str | None = None
     server_args: str | None = None

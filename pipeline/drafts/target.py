@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.cli import UsageError
-from pipeline.core.jsonfile import Fields, read_fields
+from pipeline.core.jsonfile import MAX_BYTES, Fields, parse, read_fields
+from pipeline.core.stores import open_store
 from pipeline.models.info import text_config
 from pipeline.points import Point, PointError, parse_point
 from pipeline.shards.layout import MANIFEST_NAME
@@ -143,9 +144,26 @@ def from_run(target: Target, run_dir: Path | str, *, features: bool = True) -> N
         target.model_dir = Path(model_path)
 
 
-def from_export(target: Target, export_dir: Path) -> None:
-    sidecar = _fields(Path(export_dir) / EXPORT_SIDECAR,
-                      "--export (an export is complete once export.json is written)")
+def _sidecar(export_dir: Path | str) -> tuple[Fields, str]:
+    """The export's export.json, read from its directory or its prefix on a store (`s3://...`), and where it is."""
+    what = "--export (an export is complete once export.json is written)"
+    if not isinstance(export_dir, str):
+        path = Path(export_dir) / EXPORT_SIDECAR
+        return _fields(path, what), str(path)
+    where = f"{export_dir.rstrip('/')}/{EXPORT_SIDECAR}"
+    try:
+        data = open_store(export_dir).get(EXPORT_SIDECAR, 0, MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise TargetError(f"{what}: {where} is missing") from None
+    value = parse(data, TargetError, where=f"{what}: {where}")
+    if not isinstance(value, dict):
+        raise TargetError(f"{what}: {where} holds no JSON object")
+    return Fields(value, file=f"{what}: {where}", error=TargetError), where
+
+
+def from_export(target: Target, export_dir: Path | str) -> None:
+    """`export_dir`: an export directory, or an export on object storage (an `s3://` URL, a string)."""
+    sidecar, where = _sidecar(export_dir)
     model = sidecar.obj("model", optional=True) or _none(sidecar, "model")
     run_dir = sidecar.str("run_dir", optional=True)  # a path, or the run's s3:// URL
     if run_dir and RunAt(run_dir).has_manifest():
@@ -154,8 +172,7 @@ def from_export(target: Target, export_dir: Path) -> None:
     target.num_layers = target.num_layers or model.int("num_layers", optional=True, minimum=1)
     target.hidden_size = target.hidden_size or sidecar.int("hidden_size", optional=True)
     if target.num_layers is None:
-        raise TargetError(f"--export: {export_dir / EXPORT_SIDECAR} names no model.num_layers")
-    where = f"{export_dir / EXPORT_SIDECAR}"
+        raise TargetError(f"--export: {where} names no model.num_layers")
     slots = [(s.str("role"), s.str("point")) for s in sidecar.objects("slots", optional=True)]
     aux = _points([point for role, point in slots if role == "aux"], target.num_layers, where)
     last = _points([point for role, point in slots if role == "last"], target.num_layers, where)
@@ -169,7 +186,7 @@ def from_export(target: Target, export_dir: Path) -> None:
     target.sources.append(f"export {export_dir}")
 
 
-def gather(*, run: Path | str | None, export: Path | None, model_dir: Path | None) -> Target:
+def gather(*, run: Path | str | None, export: Path | str | None, model_dir: Path | None) -> Target:
     target = Target()
     if export is not None:
         from_export(target, export)

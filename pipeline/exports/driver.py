@@ -18,23 +18,25 @@ import torch
 from pipeline.core import lifecycle
 from pipeline.core.io import atomic_path
 from pipeline.core.outdir import Layout, unusable_dir
+from pipeline.core.store_dir import DEFAULT_SPOOL
 from pipeline.exports import vocab
 from pipeline.exports.base import Exporter, ExportSample
 from pipeline.exports.progress import ExportProgress
-
-log = logging.getLogger(__name__)
-from pipeline.exports.sidecar import build, export_dir, finish, plan_record
+from pipeline.exports.sidecar import build, plan_record
 from pipeline.exports.slots import ExportError, RunDoesNotVerify, SlotPlan, plan_slots
+from pipeline.exports.target import ExportOut, claimed, found, on_store
 from pipeline.exports.unnorm import Unnorm
 from pipeline.shards.layout import check_out
 from pipeline.shards.manifest import ManifestError
 from pipeline.shards.reader import RunReader
 from pipeline.shards.run_at import RunAt
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ExportResult:
-    out: Path
+    out: Path | str  # a directory, or an s3:// URL
     status: lifecycle.Plan  # new | resume | complete (nothing left to do)
     plan: SlotPlan
     written: int
@@ -68,15 +70,15 @@ def _samples(reader: RunReader) -> Iterator[tuple[int, str, int]]:
         yield index, sample_id, shard
 
 
-def _write_samples(reader: RunReader, exporter: Exporter, plan: SlotPlan, out: Path,
+def _write_samples(reader: RunReader, exporter: Exporter, plan: SlotPlan, out: ExportOut,
                    progress: ExportProgress, unnorm: Unnorm | None) -> None:
     num_shards, previous = len(reader.entries), None
     for index, sample_id, shard in _samples(reader):
         if previous is not None and shard != previous:
             progress.shard_done(previous, num_shards)
         previous = shard
-        path = exporter.sample_file(out, index)
-        if path.exists():  # only ever renamed into place complete
+        path = exporter.sample_file(out.root, index)
+        if out.has(path):  # only ever put in place complete
             progress.sample(num_tokens=len(reader.tokens(sample_id)["input_ids"]), num_bytes=0, skipped=True)
             continue
         row = reader[sample_id]
@@ -87,7 +89,9 @@ def _write_samples(reader: RunReader, exporter: Exporter, plan: SlotPlan, out: P
                               loss_mask=row["loss_mask"], hidden_TPH=hidden)
         with atomic_path(path) as tmp:  # its fault points stand in for a crash at any sample (pipeline.core.faults)
             exporter.write_sample(tmp, sample, plan)
-        progress.sample(num_tokens=sample.input_ids.shape[0], num_bytes=path.stat().st_size, skipped=False)
+        size = path.stat().st_size
+        out.publish(path)
+        progress.sample(num_tokens=sample.input_ids.shape[0], num_bytes=size, skipped=False)
     if previous is not None:
         progress.shard_done(previous, num_shards)
 
@@ -98,17 +102,20 @@ def _tokens(reader: RunReader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         yield row["input_ids"], row["loss_mask"]
 
 
-def export_run(run_dir: Path | str, out: Path, exporter: Exporter, *, aux: Sequence[str] | None = None,
+def export_run(run_dir: Path | str, out: Path | str, exporter: Exporter, *, aux: Sequence[str] | None = None,
                last: str | None = None, verify: bool = True, draft_vocab: int | None = None,
-               states: str = "copy") -> ExportResult:
+               states: str = "copy", spool_dir: str = DEFAULT_SPOOL) -> ExportResult:
     """Export `run_dir` into `out` with `exporter`'s layout; ExportError says why a run or `out` does not fit.
     `draft_vocab` N (speculators only): also the trainer's token frequencies and d2t/t2d for the N most frequent
     trained tokens (exports/vocab.py). `states="reference"` (speculators only): no state is copied; the trainer reads
     them from the run (pipeline.exports.run_states), and the sidecar fingerprints the run's files. `run_dir` may be
-    an `s3://bucket/prefix` URL (a string): the run is verified through a staged copy and read by ranges."""
-    run, out = RunAt(run_dir), Path(out)
+    an `s3://bucket/prefix` URL (a string): the run is verified through a staged copy and read by ranges; so may
+    `out`: its files are written in `spool_dir` one at a time and uploaded (pipeline.exports.target)."""
+    run = RunAt(run_dir)
     manifest = _manifest(run)
-    check_out(out, f"--out {out}", ExportError, writable=False)  # before anything is planned or read
+    if not on_store(out):
+        out = Path(out)
+        check_out(out, f"--out {out}", ExportError, writable=False)  # before anything is planned or read
     plan = plan_slots(exporter.layout, run_points=manifest["points"], num_layers=_num_layers(run, manifest), aux=aux,
                       last=last)
     record = plan_record(run, manifest, exporter.layout, plan)
@@ -121,34 +128,45 @@ def export_run(run_dir: Path | str, out: Path, exporter: Exporter, *, aux: Seque
                               num_tokens=manifest["num_tokens"])
     complete = ExportResult(out=out, status="complete", plan=plan, written=0, skipped=manifest["num_samples"],
                             bytes_written=0, seconds=0.0)
-    kind = export_dir(files)
-    if lifecycle.inspect(out, record, overwrite=False, kind=kind) == "complete":  # before the full-read verification
+    if found(out, record, files) == "complete":  # before the full-read verification
         return complete
     unnorm = Unnorm.of_run(manifest, run.name) if plan.last_unnormed else None  # before anything is written
-    if (why := unusable_dir(out)) is not None:  # a path through a regular file, a read-only directory
+    if isinstance(out, Path) and (why := unusable_dir(out)) is not None:  # a path through a file, a read-only dir
         raise ExportError(f"--out {out} {why}")
     if verify:
         _verify(run)
-    with lifecycle.claim(out, kind=kind):
-        found = lifecycle.inspect(out, record, overwrite=False, kind=kind)  # what another export did meanwhile
-        if found == "complete":
+    with claimed(out, record, files, spool_root=spool_dir) as target:
+        if target.plan == "complete":  # what another export did meanwhile
             return complete
-        lifecycle.prepare(out, record, found, kind)
-        with RunReader(run.location) as reader, progress:
-            if states == "copy":
-                _write_samples(reader, exporter, plan, out, progress, unnorm)
-            index_files = exporter.finish(out, _tokens(reader))
-            if draft_vocab is not None:
-                sidecar["draft_vocab"] = vocab.write(out, _tokens(reader), draft_vocab, target_vocab)
-        finish(out, _finished_sidecar(sidecar, exporter, plan, out, progress, index_files, unnorm, states))
-    return _result(complete, found, progress, index_files, states)
+        target.prepare()
+        index_bytes = _fill(target, run, exporter, plan, progress, unnorm, states, sidecar,
+                            vocab_sizes=(draft_vocab, target_vocab))
+    return _result(complete, target.plan, progress, index_bytes, states)
 
 
-def _result(complete: ExportResult, status: lifecycle.Plan, progress: ExportProgress, index_files: Sequence[Path],
+def _fill(target: ExportOut, run: RunAt, exporter: Exporter, plan: SlotPlan, progress: ExportProgress,
+          unnorm: Unnorm | None, states: str, sidecar: dict, *, vocab_sizes: tuple[int | None, int | None]) -> int:
+    """Every file of the export `target` does not hold yet, then its sidecar; the bytes of its index files."""
+    draft_vocab, target_vocab = vocab_sizes
+    with RunReader(run.location) as reader, progress:
+        if states == "copy":
+            _write_samples(reader, exporter, plan, target, progress, unnorm)
+        index_files = exporter.finish(target.root, _tokens(reader))
+        index_bytes = sum(p.stat().st_size for p in index_files)
+        target.publish(*index_files)
+        if draft_vocab is not None:
+            sidecar["draft_vocab"] = vocab.write(target.root, _tokens(reader), draft_vocab, target_vocab,
+                                                 named=target.name)
+            target.publish(*(target.root / name for name in vocab.names(draft_vocab)))
+    target.finish(_finished_sidecar(sidecar, exporter, plan, target.root, progress, index_files, unnorm, states))
+    return index_bytes
+
+
+def _result(complete: ExportResult, status: lifecycle.Plan, progress: ExportProgress, index_bytes: int,
             states: str) -> ExportResult:
     if states == "reference":  # every sample is referenced; what was written is the index files
-        return replace(complete, status=status, written=complete.skipped, skipped=0,
-                       bytes_written=sum(p.stat().st_size for p in index_files), seconds=progress.elapsed)
+        return replace(complete, status=status, written=complete.skipped, skipped=0, bytes_written=index_bytes,
+                       seconds=progress.elapsed)
     return replace(complete, status=status, written=progress.written, skipped=progress.skipped,
                    bytes_written=progress.bytes, seconds=progress.elapsed)
 

@@ -14,7 +14,6 @@ from typing import Any, Mapping
 
 from pipeline.core.io import sha256_json
 from pipeline.core.lifecycle import DirKind
-from pipeline.core.jsonfile import read_object
 from pipeline.core.outdir import Layout, remove, write_json
 from pipeline.exports.slots import ExportError, SlotPlan, TrainerLayout, serving_ids
 from pipeline.shards.run_at import RunAt
@@ -27,9 +26,11 @@ PLAN_KEYS = ("format", "trainer", "run_manifest_sha256", "run_provenance_digest"
              "draft_vocab", "states", "export_storage")  # what `plan_record` may hold, optional ones last
 
 
-def export_layout(files: Layout) -> Layout:
-    """An export directory: the trainer's `files`, the plan written first and the sidecar written last."""
-    return Layout(kind=f"{files.kind} export", files=files.files, dirs=files.dirs, start=PLAN, done=SIDECAR)
+def export_layout(files: Layout, lease: str | None = None) -> Layout:
+    """An export directory: the trainer's `files`, the plan written first and the sidecar written last (on a store,
+    the lease object too: pipeline.exports.target)."""
+    return Layout(kind=f"{files.kind} export", files=files.files, dirs=files.dirs, lock=lease, start=PLAN,
+                  done=SIDECAR)
 
 
 def plan_record(run: RunAt, manifest: Mapping[str, Any], layout: TrainerLayout, plan: SlotPlan) -> dict:
@@ -87,25 +88,26 @@ def _plan_v1(sidecar: Mapping[str, Any]) -> dict:
 PLAN_READERS = {"1": _plan_v1, "2": _plan_v1}
 
 
-def _finished_record(out: Path) -> dict:
-    """The plan a finished export was written for, as its sidecar records it; {} (another export's) when the sidecar
-    does not prove it (`plan_sha256`). ExportError: a sidecar this code cannot read."""
-    found = read_object(Path(out) / SIDECAR, ExportError)  # bounded in size and nesting
+def _finished_record(found: dict, where: str) -> dict:
+    """The plan a finished export was written for, as its sidecar (`found`, read from `where`) records it; {}
+    (another export's) when the sidecar does not prove it (`plan_sha256`). ExportError: a sidecar this code cannot
+    read."""
     version = found.get("sidecar_version")
     if version not in PLAN_READERS:
-        raise ExportError(f"{Path(out) / SIDECAR}: sidecar_version {version!r}, which this code does not read "
+        raise ExportError(f"{where}: sidecar_version {version!r}, which this code does not read "
                           f"(it reads {', '.join(PLAN_READERS)})")
     plan = PLAN_READERS[version](found)
     return plan if sha256_json(plan) == found.get("plan_sha256") else {}
 
 
-def export_dir(files: Layout) -> DirKind:
+def export_dir(files: Layout, lease: str | None = None) -> DirKind:
     """An export directory as one kind of output directory (pipeline.core.lifecycle): the export command writes it,
-    a rerun of the same plan finds a finished one complete, it is never replaced (choose another --out), and it is
-    locked itself (no lock file a trainer could list)."""
-    layout = export_layout(files)
-    return DirKind(layout=layout, noun="export", job="export", kept=(), is_finished=layout.is_done, option="--out",
-                   overwrite=None, wait=None, error=ExportError, finished_record=_finished_record)
+    a rerun of the same plan finds a finished one complete, it is never replaced (choose another --out), and on disk
+    it is locked itself (no lock file a trainer could list)."""
+    layout = export_layout(files, lease)
+    return DirKind(layout=layout, noun="export", job="export", kept=(lease,) if lease else (),
+                   is_finished=layout.is_done, option="--out", overwrite=None, wait=None, error=ExportError,
+                   finished_record=_finished_record)
 
 
 def finish(out: Path, sidecar: Mapping[str, Any]) -> Path:

@@ -2,6 +2,9 @@
 speculators' own training CLI (`python -m speculators.train`), unchanged, with this project's hidden-states backend
 registered (pipeline/trainers/speculators_backend.py). Run it with speculators' environment (.venv-speculators).
 
+An export on object storage (`--data-path s3://bucket/prefix`) is copied into the local spool first ($PIPELINE_SPOOL_DIR,
+default ~/.cache/pipeline/spool: a reference export's few small files; every file of a full copy) and read from there,
+as are `--d2t-path`/`--t2d-path` under it.
 On an export made with `--states reference` (its export.json says so) the backend is chosen for you
 (`--hidden-states-backend pipeline-run`): the trainer reads every state from the run, checked on arrival. Any other
 export is handed to speculators as it is. A run moved, replaced or edited since the export, or a sample that fails a
@@ -10,12 +13,14 @@ check, stops the trainer with one line naming it (exit 2): never a skipped sampl
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
 BACKEND = "pipeline-run"  # speculators_backend.BACKEND (importing it needs hs_connectors: only after the checks)
 PROG = "pipeline.trainers.speculators"
+SPOOL_ENV = "PIPELINE_SPOOL_DIR"  # where an export on object storage is copied (default ~/.cache/pipeline/spool)
 
 
 def _value(argv: Sequence[str], flag: str) -> str | None:
@@ -27,10 +32,34 @@ def _value(argv: Sequence[str], flag: str) -> str | None:
     return None
 
 
+def _local(argv: list[str], url: str, local: str) -> list[str]:
+    """argv with the export's URL, and the files under it (its --d2t-path, --t2d-path), read from its local copy."""
+    base = url.rstrip("/")
+
+    def one(arg: str) -> str:
+        flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        if value.rstrip("/") == base or value.startswith(base + "/"):
+            value = local + value.rstrip("/")[len(base):]
+        return f"{flag}{eq}{value}"
+    return [one(arg) for arg in argv]
+
+
 def prepared_argv(argv: Sequence[str]) -> list[str]:
-    """argv with the backend chosen for a reference export; SystemExit(2) for a backend that cannot read it."""
+    """argv with the backend chosen for a reference export, and an export on object storage (`--data-path
+    s3://...`) read from a local copy (pipeline.exports.target.local_copy: the trainer reads local files); SystemExit(2)
+    for a backend that cannot read it or a URL that holds no finished export."""
     argv = list(argv)
     data_path = _value(argv, "--data-path")
+    if data_path is not None and data_path.startswith("s3://"):
+        from pipeline.core.storage import StorageError
+        from pipeline.core.store_dir import DEFAULT_SPOOL
+        from pipeline.exports.target import local_copy
+
+        try:
+            local = str(local_copy(data_path, os.environ.get(SPOOL_ENV) or DEFAULT_SPOOL))
+        except StorageError as exc:
+            raise SystemExit(f"{PROG}: --data-path {exc}") from None
+        argv, data_path = _local(argv, data_path, local), local
     sidecar = Path(data_path) / "export.json" if data_path else None
     if sidecar is None or not sidecar.is_file():
         return argv

@@ -20,6 +20,7 @@ from tests.exports.conftest import cli, extract
 from tests.helpers.seaweed import SECRET, upload_run
 from tests.helpers.trainers import SPECULATORS_PYTHON, speculators_train
 
+from pipeline.core.stores import open_store
 from pipeline.exports.run_states import RunStates, RunStatesError
 from pipeline.exports import run_states as run_states_module
 from pipeline.shards.reader import RunReader
@@ -96,14 +97,18 @@ def test_speculators_cli_trains_the_same_draft_from_the_run(trained):
 
 
 def test_the_trainer_reads_a_run_in_a_bucket_and_trains_the_same_draft(trained, llama_run, s3_url, models_root,
-                                                                       tmp_path):
-    """A training node with no copy of the run: the states read from the bucket by ranges, in a data loader worker
-    (the backend pickled into it, its own S3 client there), give every loss and every weight of the run on disk."""
+                                                                       tmp_path, monkeypatch):
+    """A training node with nothing of the run or the export on its disk: the reference export written to the bucket
+    and copied from there by the wrapper (its few small files), the states read from the bucket by ranges in a data
+    loader worker (the backend pickled into it, its own S3 client there), give every loss and every weight of the
+    run on disk."""
     upload_run(llama_run, s3_url)
-    proc = _export(s3_url, tmp_path / "ref", "--states", "reference")
+    export = f"{s3_url}-ref"
+    proc = _export(s3_url, export, "--states", "reference", "--spool-dir", str(tmp_path / "spool"))
     assert proc.returncode == 0, proc.stderr
-    assert json.loads((tmp_path / "ref" / "export.json").read_text())["run_dir"] == s3_url
-    done = _train(models_root, tmp_path / "ref", tmp_path / "ckpt", workers=1)
+    assert json.loads(open_store(export).get("export.json"))["run_dir"] == s3_url
+    monkeypatch.setenv("PIPELINE_SPOOL_DIR", str(tmp_path / "spool"))  # where the wrapper copies the export to
+    done = _train(models_root, export, tmp_path / "ckpt", workers=1)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert SECRET not in done.stdout + done.stderr
     ref, ref_losses = trained["ref"]

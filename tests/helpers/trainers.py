@@ -20,11 +20,17 @@ SPECULATORS_PYTHON = REPO / ".venv-speculators" / "bin" / "python"
 SPECULATORS_SHIM = REPO / "tests" / "exports" / "drivers" / "speculators_cpu.py"
 
 
-def speculators_train(verifier: Path, export: Path, save: Path, *, epochs: int, total_seq_len: int, lr: float,
+def speculators_train(verifier: Path, export: Path | str, save: Path, *, epochs: int, total_seq_len: int, lr: float,
                       ttt_steps: int = 3, num_workers: int = 0, log_dir: Path | None = None,
                       extra: tuple[str, ...] = ()) -> list[str]:
-    """argv of one training run: one draft layer on `export`, checkpoints under `save/<epoch>`."""
-    sidecar = json.loads((export / "export.json").read_text())
+    """argv of one training run: one draft layer on `export` (a directory, or an s3:// URL), checkpoints under
+    `save/<epoch>`."""
+    if isinstance(export, str):
+        from pipeline.core.stores import open_store
+
+        sidecar = json.loads(open_store(export).get("export.json"))
+    else:
+        sidecar = json.loads((export / "export.json").read_text())
     return [str(SPECULATORS_PYTHON), str(SPECULATORS_SHIM), "--verifier-name-or-path", str(verifier),
             "--data-path", str(export), "--save-path", str(save), "--num-layers", "1",
             "--target-layer-ids", *map(str, sidecar["serving"]["vllm"]["aux_layer_ids"]),

@@ -68,6 +68,16 @@ def test_the_documented_command_writes_a_run_to_the_bucket(s3_env, tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 0 and "exported 6 samples to first-export" in done.stdout, output(done)
     assert json.loads((tmp_path / "first-export" / "export.json").read_text())["run_dir"] == "s3://runs/first"
+    to_bucket = (  # verbatim
+        ".venv/bin/python -m pipeline.export s3://runs/first --format speculators --last final_norm --states reference --out s3://runs/first-export")  # noqa: E501
+    home = {"HOME": str(tmp_path / "home")}  # the default spool, under ~
+    done = subprocess.run(["bash", "-c", to_bucket], cwd=tmp_path, env=env_with(**s3_env.env, **home),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "exported 6 samples to s3://runs/first-export" in done.stdout, output(done)
+    sidecar = json.loads(open_store("s3://runs/first-export").get("export.json"))
+    assert sidecar == json.loads((tmp_path / "first-export" / "export.json").read_text())  # no vocabulary: no path
+    spool = tmp_path / "home" / ".cache" / "pipeline" / "spool"
+    assert spool.is_dir() and not [p for p in spool.rglob("*") if p.is_file()], "the spool keeps nothing of it"
 
 
 def verify_s3(url: str, server, *args: str) -> subprocess.CompletedProcess:

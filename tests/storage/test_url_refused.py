@@ -2,8 +2,9 @@
 with `out_dir=s3://runs/r1` wrote the local directory `./s3:/runs/r1` and exited 0, and verify reported its problems
 "in s3:/runs/r1". (extract's out_dir and verify take `s3://` now: tests/storage/test_extract_to_s3.py; export's RUN
 and doctor's --run: tests/exports/test_export_from_s3.py; regenerate's out_dir and the data.path of extract,
-regenerate and the diff: tests/storage/test_regenerate_to_s3.py; a URL a path already swallowed, `s3:/runs/r1`, and a
-scheme other than s3 are still refused.)"""
+regenerate and the diff: tests/storage/test_regenerate_to_s3.py; export's --out, doctor's and accept's --export:
+tests/exports/test_export_to_s3.py; a URL a path already swallowed, `s3:/runs/r1`, and a scheme other than s3 are
+still refused.)"""
 from __future__ import annotations
 
 import subprocess
@@ -11,13 +12,12 @@ import sys
 
 import pytest
 
-URL = "s3://runs/r1"
 COMMANDS = {
     "extract out_dir": ["pipeline.extract", "out_dir=s3:/runs/r1"],
     "verify": ["pipeline.verify", "s3:/runs/r1"],
-    "export --out": ["pipeline.export", "run", "--format", "speculators", "--out", URL],
-    "accept --export": ["pipeline.accept", "--draft", "draft", "--serve", "vllm", "--export", URL, "--prompts",
-                        "p.jsonl", "--out", "report"],
+    "export --out": ["pipeline.export", "run", "--format", "speculators", "--out", "s3:/runs/r1"],
+    "accept --export": ["pipeline.accept", "--draft", "draft", "--serve", "vllm", "--export", "s3:/runs/r1",
+                        "--prompts", "p.jsonl", "--out", "report"],
 }
 
 

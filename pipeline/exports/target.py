@@ -1,0 +1,108 @@
+"""Where an export is written: its directory, or a store's prefix (`--out s3://bucket/prefix`), with one contract.
+
+On disk each file is renamed into place complete and export.json is written last (pipeline.exports.sidecar). On a
+store the lifecycle is pipeline.core.store_dir's: the lease is an object (`.export.lock`, which no trainer reads: the
+trainer's copy leaves it out), the plan the start record a rerun must match; each file is written into the local spool
+as on a disk, then uploaded create-only (an object is there only once complete) and removed from the spool, so the
+spool holds one sample whatever the export's size; a rerun skips every object already there; export.json goes last,
+create-only, after the lease is checked, and the plan object is removed then, as on disk.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from pipeline.core import lifecycle, store_dir
+from pipeline.core.outdir import Layout, json_text
+from pipeline.core.storage import SCHEME, StorageError
+from pipeline.core.store_copy import copied
+from pipeline.exports.sidecar import PLAN, SIDECAR, export_dir, finish
+
+LEASE = ".export.lock"  # on a store only: a directory on disk is locked itself
+
+
+def on_store(out: Path | str) -> bool:
+    return isinstance(out, str) and bool(SCHEME.match(out))
+
+
+def kind_for(out: Path | str, files: Layout) -> lifecycle.DirKind:
+    return export_dir(files, lease=LEASE if on_store(out) else None)
+
+
+def found(out: Path | str, record: dict, files: Layout) -> lifecycle.Plan:
+    """What `out` holds for this export, read without claiming it (the claim decides again): `complete` lets a rerun
+    stop before the run's full-read verification."""
+    kind = kind_for(out, files)
+    if not on_store(out):
+        return lifecycle.inspect(Path(out), record, overwrite=False, kind=kind)
+    store = store_dir.opened(str(out), None)
+    store.check()  # no such bucket, credentials refused, an endpoint that does not answer: one line naming it
+    return lifecycle.inspect(out, record, overwrite=False, kind=kind, view=store_dir.StoreView(store, kind))
+
+
+@dataclass
+class ExportOut:
+    """An export claimed for this process: `root` is where its files are written (the directory, or the spool)."""
+
+    name: str  # the export as the user named it (a path or the URL): messages and the trainer's arguments
+    root: Path
+    held: lifecycle.Held | store_dir.StoreHeld
+    present: frozenset[str] | None = None  # on a store: the keys there once prepared; None: look at the disk
+
+    @property
+    def plan(self) -> lifecycle.Plan:
+        return self.held.plan
+
+    def prepare(self) -> None:
+        self.held.prepare()
+        if self.held.target is not None:
+            self.present = frozenset(o.key for o in self.held.target.store().list())
+
+    def has(self, path: Path) -> bool:
+        """Whether the file is in place complete (a rerun skips it)."""
+        return path.exists() if self.present is None else self._rel(path) in self.present
+
+    def publish(self, *paths: Path) -> None:
+        """Files written complete under `root`: on a store uploaded (an earlier attempt's copy replaced) and removed
+        from the spool; on disk they are in place already."""
+        if self.held.target is not None:
+            self.held.target.publish(self.root, [self._rel(p) for p in paths], None)
+
+    def finish(self, sidecar: Mapping[str, Any]) -> None:
+        """export.json written last, only while this export still holds `out`; the plan removed."""
+        held = self.held
+        if held.target is None:
+            held.finish(lambda: finish(self.root, sidecar))
+            return
+        held.finish(lambda: held.complete(json_text(sidecar).encode()))  # type: ignore[union-attr]
+        held.target.store().delete(PLAN)
+
+    def _rel(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix()
+
+
+@contextmanager
+def claimed(out: Path | str, record: dict, files: Layout, *, spool_root: str) -> Iterator[ExportOut]:
+    """`out` for this export alone, what it holds decided (a rerun of a finished export: `complete`)."""
+    kind = kind_for(out, files)
+    if on_store(out):
+        with store_dir.held(str(out), record, kind=kind, spool_root=spool_root, wait=False, overwrite=False) as held:
+            yield ExportOut(name=str(out), root=held.out, held=held)
+    else:
+        with lifecycle.held(Path(out), record, kind=kind, wait=False, overwrite=False) as local:
+            yield ExportOut(name=str(out), root=Path(out), held=local)
+
+
+def local_copy(url: str, spool_root: str = store_dir.DEFAULT_SPOOL) -> Path:
+    """A finished export on a store copied into the spool, for a trainer that reads local files (its lease and plan
+    left out; reused while the objects are unchanged); StorageError naming the URL when it holds no finished export."""
+    store = store_dir.opened(url, None)
+    store.check()
+    listing = {o.key: o for o in store.list()}
+    if SIDECAR not in listing:
+        raise StorageError(f"{url} holds no finished export (no {SIDECAR})" + (
+            ": rerun the pipeline.export command that wrote it to finish it" if PLAN in listing else ""))
+    objects = {key: info for key, info in listing.items() if key not in (LEASE, PLAN)}
+    return copied(store, url, url.rstrip("/").rsplit("/", 1)[-1], objects, spool_root, prefix=True)
