@@ -1,7 +1,9 @@
 """`pipeline.export RUN --out s3://bucket/prefix` (SeaweedFS on loopback): the export in the bucket is the export on disk
 (every object the local file's bytes; export.json differing only where it names the export: the trainer's vocabulary
 arguments), nothing visible as finished before export.json, a rerun finds it complete, a kill -9 at a write step
-resumes to the same bytes with no multipart upload left, and the readers take it where it is: the doctor and
+resumes to the same bytes with no multipart upload left, a second export on the prefix is refused naming the holder,
+a prefix holding a user's object or a missing bucket is refused in one line, and the readers take it where it is: the
+doctor and
 `pipeline.accept --export` read its export.json from the bucket, the trainer's wrapper a local copy (the trainer
 training from a bucket export: tests/exports/test_reference_export.py)."""
 from __future__ import annotations
@@ -9,15 +11,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.exports.conftest import cli
+from tests.exports.conftest import REPO, cli
+from tests.helpers.drafts import make_draft
 from tests.helpers.s3_runs import files, objects
 from tests.helpers.seaweed import SECRET
 from tests.helpers.sweep import sampled
 
+from pipeline.acceptance.measure import prepare
+from pipeline.acceptance.report import Settings
 from pipeline.core.stores import open_store
 from pipeline.drafts.target import gather
 from pipeline.trainers.speculators import prepared_argv
@@ -113,3 +121,50 @@ def test_a_bucket_export_killed_at_a_write_step_resumes_to_the_same_bytes(llama_
         store.delete(".export-plan.json")
     _same_export(s3_url, tmp_path / "disk")
 
+
+
+def test_accept_and_the_doctor_take_the_export_in_the_bucket(llama_run, models_root, s3_url, tmp_path):
+    """`pipeline.accept --export s3://...` settles each draft's verdict from the bucket's export.json before any engine
+    starts (as tests/exports/test_accept_export.py on disk), and `pipeline.doctor --export s3://...` says the same."""
+    _ok(_export(llama_run, s3_url, tmp_path / "spool", "--states", "reference"))
+    ids = json.loads(open_store(s3_url).get("export.json"))["serving"]["vllm"]["aux_layer_ids"]
+    config = json.loads((models_root / "tiny-llama" / "config.json").read_text())
+    wired = make_draft(tmp_path / "wired", config, schema="speculators", aux_ids=list(ids))
+    shifted = make_draft(tmp_path / "shifted", config, schema="speculators", aux_ids=[i + 1 for i in ids])
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "Name three colours."}]}) + "\n")
+    plan = prepare([wired, shifted], target=None, run=None, export=s3_url, prompts=prompts, out=tmp_path / "out",
+                   overwrite=False, settings=Settings(num_speculative_tokens=3, max_tokens=8, temperature=0.0,
+                                                      dtype="float32"))
+    assert plan.model_dir.resolve() == (models_root / "tiny-llama").resolve()
+    assert [d.verdict for d in plan.doctors] == ["OK", "MISMATCH"], plan.doctors
+    for draft, code in ((wired, 0), (shifted, 3)):
+        proc = cli("pipeline.doctor", "--draft", str(draft), "--serve", "vllm", "--export", s3_url, "--no-load")
+        assert proc.returncode == code, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert SECRET not in proc.stdout + proc.stderr
+    proc = cli("pipeline.doctor", "--draft", str(wired), "--serve", "vllm", "--export", f"{s3_url}-none", "--no-load")
+    line = (proc.stdout + proc.stderr).strip().splitlines()[-1]
+    assert proc.returncode == 2 and f"{s3_url}-none/export.json is missing" in line, proc.stderr[-2000:]
+
+
+def test_two_exports_to_one_prefix_one_writes_the_other_is_refused(llama_run, s3_url, tmp_path):
+    go = tmp_path / "go"
+    cmd = [sys.executable, "-m", "pipeline.export", str(llama_run), "--format", "speculators", "--out", s3_url,
+           "--spool-dir", str(tmp_path / "spool")]
+    first = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PIPELINE_FAULT": f"pause={go}@write:hs_3.safetensors"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        store = open_store(s3_url)
+        deadline = time.monotonic() + 120
+        while store.head("hidden_states/hs_2.safetensors") is None:
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.2)
+        second = cli("pipeline.export", str(llama_run), "--format", "speculators", "--out", s3_url, "--spool-dir",
+                     str(tmp_path / "spool2"))
+        line = second.stderr.strip().splitlines()[-1]
+        assert second.returncode == 2 and f"--out {s3_url} is in use by" in line and "another export" in line, line
+    finally:
+        go.touch()
+        out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-2000:]
+    assert store.head("export.json") is not None
