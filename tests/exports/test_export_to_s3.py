@@ -3,9 +3,8 @@
 arguments), nothing visible as finished before export.json, a rerun finds it complete, a kill -9 at a write step
 resumes to the same bytes with no multipart upload left, a second export on the prefix is refused naming the holder,
 a prefix holding a user's object or a missing bucket is refused in one line, and the readers take it where it is: the
-doctor and
-`pipeline.accept --export` read its export.json from the bucket, the trainer's wrapper a local copy (the trainer
-training from a bucket export: tests/exports/test_reference_export.py)."""
+doctor and `pipeline.accept --export` read its export.json from the bucket, the trainer's wrapper a local copy (the
+trainer training from a bucket export: tests/exports/test_reference_export.py)."""
 from __future__ import annotations
 
 import hashlib
