@@ -18,9 +18,9 @@ from pipeline.compare.preflight import Lineup, preflight
 from pipeline.compare.probe import probe_engine, probe_samples
 from pipeline.compare.report import write_report
 from pipeline.config import ConfigError, DiffJobConfig, ProbeConfig, to_config
-from pipeline.config.checks import check_endpoint, check_points_named
+from pipeline.config.checks import check_points_named
+from pipeline.config.location import checked_locations
 from pipeline.core.contracts import PreparedSample
-from pipeline.data.from_store import with_local_data
 from pipeline.data.load import load_samples
 from pipeline.data.remote_code import RemoteCodeError, load_tokenizer
 from pipeline.models.info import ModelInfo
@@ -70,8 +70,7 @@ def probe_data(cfg: DiffJobConfig, model: ModelInfo, probe: ProbeConfig) -> tupl
 def run_diff(dcfg: DictConfig) -> DiffOutcome:
     started = time.perf_counter()
     cfg = to_config(dcfg, DiffJobConfig)
-    check_endpoint(cfg.s3_endpoint)
-    cfg = with_local_data(cfg)  # data.path on object storage: read from its local copy from here on
+    cfg = checked_locations(cfg, None)  # data.path on object storage: read from its local copy from here on
     checked = preflight(model=cfg.model, data=cfg.data, out_dir=cfg.out_dir, run=False,
                         lineup=Lineup(reference=cfg.diff.reference, others=cfg.diff.engines, where="diff.engines"))
     model, out_dir = checked.model, checked.out_dir

@@ -22,14 +22,15 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, ContextManager, Iterator, Sequence
 
 from pipeline.core import jsonfile
-from pipeline.core.lifecycle import DirKind, Plan, inspect, refusals
+from pipeline.core.lifecycle import DirKind, Held, Plan, inspect, refusals
+from pipeline.core.lifecycle import held as lifecycle_held
 from pipeline.core.claim import ClaimLost
 from pipeline.core.cli import ConfigError
 from pipeline.core.outdir import json_text, unusable_dir
-from pipeline.core.storage import Exists, Store
+from pipeline.core.storage import SCHEME, Exists, Store
 from pipeline.core.storeclaim import StoreClaim, check_store_lease
 from pipeline.core.stores import open_store
 
@@ -273,3 +274,12 @@ def held(url: str, record: dict, *, kind: DirKind, spool_root: str, wait: bool, 
             for child in spool.iterdir() if spool.is_dir() else ():
                 if child.is_dir() and child.name not in kind.kept:
                     shutil.rmtree(child, ignore_errors=True)
+
+
+def held_at(out_dir: str, local: Path, record: dict, *, kind: DirKind, spool_root: str, wait: bool, overwrite: bool,
+            endpoint: str | None) -> ContextManager[Held | StoreHeld]:
+    """A job's directory claimed: `local` (the checked path) when `out_dir` is on disk, else `out_dir`'s prefix on its
+    store through the local spool (`held`); the job's config fields passed as they are."""
+    if not SCHEME.match(out_dir):
+        return lifecycle_held(local, record, kind=kind, wait=wait, overwrite=overwrite)
+    return held(out_dir, record, kind=kind, spool_root=spool_root, wait=wait, overwrite=overwrite, endpoint=endpoint)

@@ -21,7 +21,8 @@ from omegaconf import DictConfig
 
 from pipeline import provenance
 from pipeline.config import ConfigError, RegenerateConfig, resolved_dict, to_config
-from pipeline.config.checks import check_data_path, check_endpoint, resolve_model
+from pipeline.config.checks import check_data_path, resolve_model
+from pipeline.config.location import checked_locations
 from pipeline.core import lifecycle, store_dir
 from pipeline.core.storage import SCHEME
 from pipeline.core.store_dir import checked_spool
@@ -29,7 +30,6 @@ from pipeline.core.io import sha256_json
 from pipeline.core.outdir import json_text, write_json
 from pipeline.data import regeneration as rd
 from pipeline.data.mask import turn_ids
-from pipeline.data.from_store import with_local_data
 from pipeline.data.prepare import NoValidRecords, write_rejects
 from pipeline.data.remote_code import RemoteCodeError, load_tokenizer
 from pipeline.engines.registry import check_name, check_options
@@ -79,11 +79,8 @@ def _check(cfg: RegenerateConfig) -> tuple[RegenerateConfig, Path, ModelInfo, di
         sampling, origin = cfg.sampling.resolved(dict(cfg.model.sampling))
     except ValueError as e:
         raise ConfigError(str(e)) from e
-    check_endpoint(cfg.s3_endpoint)
-    if SCHEME.match(cfg.out_dir):  # a bucket that cannot be used, or a finished regeneration: refused before any read
-        store_dir.check_early(cfg.out_dir, kind=rd.REGEN_DIR, overwrite=cfg.overwrite, endpoint=cfg.s3_endpoint)
     named = cfg.data.path
-    cfg = with_local_data(cfg)
+    cfg = checked_locations(cfg, rd.REGEN_DIR, overwrite=cfg.overwrite)
     # A regeneration directory itself is this job's to resume or (overwrite=true) replace: the lifecycle decides.
     if SCHEME.match(cfg.out_dir):  # its prefix is checked where it is claimed (pipeline.core.store_dir)
         out = checked_spool(cfg.spool_dir, cfg.out_dir, cfg.s3_endpoint)
@@ -218,10 +215,8 @@ def _tokenizer(cfg: RegenerateConfig, model: ModelInfo) -> tuple[Any, tuple[int,
 
 def _held(cfg: RegenerateConfig, out: Path, record: dict[str, Any]) -> ContextManager[Held]:
     """The regeneration directory claimed for this job: on disk, or on object storage through its local spool."""
-    if not SCHEME.match(cfg.out_dir):
-        return lifecycle.held(out, record, kind=rd.REGEN_DIR, wait=cfg.wait_for_lock, overwrite=cfg.overwrite)
-    return store_dir.held(cfg.out_dir, record, kind=rd.REGEN_DIR, spool_root=cfg.spool_dir, wait=cfg.wait_for_lock,
-                          overwrite=cfg.overwrite, endpoint=cfg.s3_endpoint)
+    return store_dir.held_at(cfg.out_dir, out, record, kind=rd.REGEN_DIR, spool_root=cfg.spool_dir,
+                             wait=cfg.wait_for_lock, overwrite=cfg.overwrite, endpoint=cfg.s3_endpoint)
 
 
 def _finish(held: Held, manifest: dict[str, Any]) -> None:

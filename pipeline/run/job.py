@@ -147,10 +147,8 @@ def _stage_settings(run: ResolvedRun, held: Held, prov: dict[str, Any]) -> Stage
 def _held(run: ResolvedRun, record: dict[str, Any]) -> ContextManager[Held]:
     """The run directory claimed for this job: on disk, or on object storage through its local spool."""
     cfg = run.cfg
-    if run.out_url is None:
-        return lifecycle.held(run.out_dir, record, kind=RUN_DIR, wait=cfg.wait_for_lock, overwrite=cfg.overwrite)
-    return store_dir.held(run.out_url, record, kind=RUN_DIR, spool_root=cfg.spool_dir, wait=cfg.wait_for_lock,
-                          overwrite=cfg.overwrite, endpoint=cfg.s3_endpoint)
+    return store_dir.held_at(cfg.out_dir, run.out_dir, record, kind=RUN_DIR, spool_root=cfg.spool_dir,
+                             wait=cfg.wait_for_lock, overwrite=cfg.overwrite, endpoint=cfg.s3_endpoint)
 
 
 def _finish(run: ResolvedRun, held: Held, manifest: dict[str, Any]) -> None:

@@ -12,10 +12,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pipeline.compare.preflight import Lineup, check_engines, preflight
 from pipeline.config import ConfigError, ExtractConfig
-from pipeline.config.checks import check_endpoint, check_points_named
+from pipeline.config.checks import check_points_named
+from pipeline.config.location import checked_locations
 from pipeline.core.storage import SCHEME
-from pipeline.core.store_dir import check_early, checked_spool
-from pipeline.data.from_store import with_local_data
+from pipeline.core.store_dir import checked_spool
 from pipeline.models.info import ModelInfo
 from pipeline.points import Point, PointError, resolve
 from pipeline.shards.directory import RUN_DIR
@@ -53,11 +53,8 @@ def resolve_run(cfg: ExtractConfig) -> ResolvedRun:
                     where="gate.engines")
     sign_key = _sign_key(cfg.sign_key)  # before anything else reads the world: a bad key is found at once
     check_engines(lineup)  # a misspelled engine option is refused before data is copied from object storage
-    check_endpoint(cfg.s3_endpoint)
-    if SCHEME.match(cfg.out_dir):  # a bucket that cannot be used, or a finished run, is refused before anything is read
-        check_early(cfg.out_dir, kind=RUN_DIR, overwrite=cfg.overwrite, endpoint=cfg.s3_endpoint)
     data_url = cfg.data.path if SCHEME.match(cfg.data.path) else None
-    cfg = with_local_data(cfg)  # data.path on object storage: read from its local copy from here on
+    cfg = checked_locations(cfg, RUN_DIR, overwrite=cfg.overwrite)  # before the model is hashed
     checked = preflight(model=cfg.model, data=cfg.data, out_dir=cfg.out_dir, lineup=lineup, run=True,
                         overwrite=cfg.overwrite)
     model = checked.model
