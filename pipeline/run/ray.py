@@ -196,61 +196,78 @@ class RayExecutor(Executor):
                    todo_list: list[int], done: OnDone) -> dict[int, str]:
         import ray
 
-        todo = deque(todo_list)
-        inflight: dict[Any, tuple[Any, int]] = {}
-        failures: dict[int, str] = {}
         nodes = dict(zip(self.actors, ray.get([a.node_id.remote() for a in self.actors])))
-        per_node: Counter[str] = Counter()  # units finished per node (the one each replica started on)
-        parked: dict[Any, float] = {}  # a replica found unavailable -> when to send it a unit again
-        unavailable_since: dict[int, float] = {}  # per unit: when its replica was first found unavailable
-
-        def submit(actor) -> None:
-            if todo:
-                index = todo.popleft()
-                inflight[actor.run_unit.remote(settings, str(run_dir), index, list(units[index]))] = (actor, index)
-
+        queue = _Queue(lambda actor, index: actor.run_unit.remote(settings, str(run_dir), index, list(units[index])),
+                       todo_list)
         for _ in range(self._units_per_actor):
             for actor in self.actors:
-                submit(actor)
-        while inflight or (todo and parked):
-            for actor in [a for a, when in parked.items() if when <= time.monotonic()]:
-                del parked[actor]
-                submit(actor)
-            if not inflight:  # every replica with units to run is parked: wait for one
+                queue.submit(actor)
+        while queue.inflight or (queue.todo and queue.parked):
+            queue.unpark()
+            if not queue.inflight:  # every replica with units to run is parked: wait for one
                 time.sleep(PARK_SECONDS)
                 continue
-            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=PARK_SECONDS)
+            ready, _ = ray.wait(list(queue.inflight), num_returns=1, timeout=PARK_SECONDS)
             if not ready:
                 continue
-            actor, index = inflight.pop(ready[0])
+            actor, index = queue.inflight.pop(ready[0])
             try:
                 result = ray.get(ready[0])
             except ray.exceptions.ActorUnavailableError as e:
-                # The replica's node went away (or it is restarting) and Ray has not yet declared it dead, which
-                # takes a while: the unit goes back to the queue for any replica (a redone unit replaces what was
-                # published of it), and this replica is sent units again once Ray had time to restart it elsewhere.
-                first = unavailable_since.setdefault(index, time.monotonic())
-                if time.monotonic() - first > UNAVAILABLE_SECONDS:
-                    failures[index] = _one_line(e)
-                    log.error("unit %d failed: its replicas were unavailable for %.0fs", index, UNAVAILABLE_SECONDS)
-                else:
-                    log.warning("unit %d: its replica is unavailable (a node lost?); running it again", index)
-                    todo.appendleft(index)
-                    parked[actor] = time.monotonic() + PARK_SECONDS
+                queue.unavailable(actor, index, e)
                 continue
             except ray.exceptions.RayError as e:  # Ray's own retries on restarted actors are spent
-                failures[index] = _one_line(e)
-                log.error("unit %d failed after %d retries: %s", index, self.cfg.max_retries, failures[index])
+                queue.failures[index] = _one_line(e)
+                log.error("unit %d failed after %d retries: %s", index, self.cfg.max_retries, queue.failures[index])
                 if isinstance(e, ray.exceptions.RayActorError):
                     continue  # that replica is gone for good: hand its share to the others
             else:
-                per_node[nodes[actor]] += 1
+                queue.per_node[nodes[actor]] += 1
                 done(result)
-            submit(actor)
-        for index in todo:  # every replica died
-            failures[index] = "no live engine replica left"
-        log.info("units per Ray node: %s", ", ".join(f"{node[:12]}: {n}" for node, n in sorted(per_node.items())))
-        return failures
+            queue.submit(actor)
+        return queue.finish()
+
+
+class _Queue:
+    """The units of one `_run_units` call: those waiting, those in flight on a replica, the replicas parked after
+    they were found unavailable, the units that failed and how many finished on each node."""
+
+    def __init__(self, send: Callable[[Any, int], Any], todo: list[int]) -> None:
+        self.send, self.todo = send, deque(todo)
+        self.inflight: dict[Any, tuple[Any, int]] = {}  # Ray's reference -> (replica, unit)
+        self.failures: dict[int, str] = {}
+        self.per_node: Counter[str] = Counter()  # units finished per node (the one each replica started on)
+        self.parked: dict[Any, float] = {}  # a replica found unavailable -> when to send it a unit again
+        self._unavailable_since: dict[int, float] = {}  # per unit: when its replica was first found unavailable
+
+    def submit(self, actor: Any) -> None:
+        if self.todo:
+            index = self.todo.popleft()
+            self.inflight[self.send(actor, index)] = (actor, index)
+
+    def unpark(self) -> None:
+        for actor in [a for a, when in self.parked.items() if when <= time.monotonic()]:
+            del self.parked[actor]
+            self.submit(actor)
+
+    def unavailable(self, actor: Any, index: int, e: Exception) -> None:
+        """The replica's node went away (or it is restarting) and Ray has not yet declared it dead, which takes a
+        while: the unit goes back to the queue for any replica (a redone unit replaces what was published of it), and
+        this replica is sent units again once Ray had time to restart it elsewhere."""
+        first = self._unavailable_since.setdefault(index, time.monotonic())
+        if time.monotonic() - first > UNAVAILABLE_SECONDS:
+            self.failures[index] = _one_line(e)
+            log.error("unit %d failed: its replicas were unavailable for %.0fs", index, UNAVAILABLE_SECONDS)
+            return
+        log.warning("unit %d: its replica is unavailable (a node lost?); running it again", index)
+        self.todo.appendleft(index)
+        self.parked[actor] = time.monotonic() + PARK_SECONDS
+
+    def finish(self) -> dict[int, str]:
+        for index in self.todo:  # every replica died
+            self.failures[index] = "no live engine replica left"
+        log.info("units per Ray node: %s", ", ".join(f"{node[:12]}: {n}" for node, n in sorted(self.per_node.items())))
+        return self.failures
 
 
 def _one_line(e: Exception) -> str:

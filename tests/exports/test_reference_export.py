@@ -285,3 +285,28 @@ def test_every_sample_equals_the_full_copys_file(case, llama_run, fp8_run, run_w
         assert got["hidden_states"].dtype == want["hidden_states"].dtype == torch.bfloat16
         assert torch.equal(got["hidden_states"].view(torch.int16), want["hidden_states"].view(torch.int16)), i
         assert torch.equal(got["token_ids"], want["token_ids"])
+
+
+def test_a_draft_trains_from_an_fp8_run_within_its_rounding(fp8_run, models_root, tmp_path):
+    """#37: an fp8 run (float8_e4m3fn, one scale per token and point) read through the backend, dequantized on read,
+    trains the draft; the same draft on the same samples captured in bf16 is the reference. The inputs differ by the
+    run's own recorded rounding (relative L2 per point, manifest `storage.rounding_rel_l2`), and a loss is smooth in
+    its inputs, so at every logged step the fp8 run's loss stays within that relative distance of the bf16 run's; a
+    scale or layout bug moves it far more (as the fp8 export's bound, tests/exports/test_fp8_export.py)."""
+    bf16 = extract(tmp_path / "bf16" / "run", "model=tiny_llama", "capture.points=[1,3,5,last,final_norm]",
+                   "data.limit=6", "runner.max_samples_per_shard=4")
+    losses = {}
+    for name, run in (("bf16", bf16), ("fp8", fp8_run)):
+        proc = _export(run, tmp_path / f"ref-{name}", "--states", "reference")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        done = _train(models_root, tmp_path / f"ref-{name}", tmp_path / f"ckpt-{name}")
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        losses[name] = [float(v) for _, v in LOSS.findall(done.stdout)]
+    storage = json.loads((fp8_run / "manifest.json").read_text())["storage"]
+    assert storage["dtype"] == "float8_e4m3fn"
+    rounding = max(storage["rounding_rel_l2"].values())
+    assert len(losses["fp8"]) == len(losses["bf16"]) >= 4 and losses["fp8"] != losses["bf16"]
+    worst = max(abs(a - b) / b for a, b in zip(losses["fp8"], losses["bf16"]))
+    print(f"\nfp8 run rounding (rel L2, worst point) {rounding:.4f}; worst relative loss difference over "
+          f"{len(losses['bf16'])} logged steps {worst:.4f}")
+    assert 0 < worst <= rounding

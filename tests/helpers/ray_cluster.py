@@ -63,9 +63,26 @@ class Cluster:
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
-def start(env: dict[str, str], *, head_cpus: int = 1, second_cpus: int = 1) -> Cluster:
+def start(env: dict[str, str], *, head_cpus: int = 1, second_cpus: int = 1, attempts: int = 3) -> Cluster:
     """Both nodes up; `env` (e.g. the object store's endpoint and credentials) is every node's environment, as a
-    user gives each node its own."""
+    user gives each node its own. A `ray start` that fails (a port taken between its choice and its use, a loaded
+    machine) is tried again on other ports; the last failure is raised with what Ray said."""
+    for attempt in range(attempts):
+        try:
+            cluster = _start(env, head_cpus=head_cpus, second_cpus=second_cpus)
+        except subprocess.CalledProcessError as e:
+            if attempt + 1 == attempts:
+                raise RuntimeError(f"ray start failed {attempts} times; last: {e.cmd[:3]} exit {e.returncode}: "
+                                   f"{(e.stderr or b'').decode(errors='replace')[-2000:]}") from None
+            continue
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(_alive_nodes(cluster)) < 2:
+            time.sleep(1)
+        return cluster
+    raise AssertionError("unreachable")
+
+
+def _start(env: dict[str, str], *, head_cpus: int, second_cpus: int) -> Cluster:
     temp = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))  # short: Ray's unix socket paths must fit 107 bytes
     env = {**os.environ, **env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_USAGE_STATS_ENABLED": "0",
            "RAY_AUTH_MODE": "token", "RAY_scheduler_spread_threshold": "0.0"}
@@ -85,14 +102,22 @@ def start(env: dict[str, str], *, head_cpus: int = 1, second_cpus: int = 1) -> C
                         f"--min-worker-port={low}", f"--max-worker-port={low + 200}", "--disable-usage-stats"],
                        env=env, check=True, capture_output=True, timeout=120)
     except BaseException:
-        cluster.pids = {p.pid for p in psutil.process_iter()} - before
+        cluster.pids = _started(cluster, before, gcs)
         cluster.stop()
         raise
-    cluster.pids = {p.pid for p in psutil.process_iter()} - before
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(_alive_nodes(cluster)) < 2:
-        time.sleep(1)
+    cluster.pids = _started(cluster, before, gcs)
     return cluster
+
+
+def _started(cluster: Cluster, before: set[int], gcs: int) -> set[int]:
+    """The processes `ray start` left running for this cluster: new since `before` and naming its temp directory or
+    its GCS port (their children are found from them). Never another test's, started meanwhile on this machine."""
+    found = set()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if proc.info["pid"] not in before and (str(cluster.temp) in cmd or f":{gcs} " in f"{cmd} "):
+            found.add(proc.info["pid"])
+    return found
 
 
 def _alive_nodes(cluster: Cluster) -> list[str]:

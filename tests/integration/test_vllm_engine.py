@@ -313,8 +313,16 @@ def _extract(tmp_path, name, *overrides, prefix=()):
     return out, proc
 
 
+@pytest.fixture(scope="module")
+def llama_tp2(tmp_path_factory, tiny_model):
+    """The tiny Llama extracted by vLLM at TP 2 on CPU (float32), once for the tests below."""
+    out, done = _extract(tmp_path_factory.mktemp("tp2"), "llama", "model=tiny_llama", "engine.tp_size=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
 @pytest.mark.slow
-def test_tensor_parallel_ranks_on_cpu_capture_what_one_rank_does(tmp_path, tiny_model):
+def test_tensor_parallel_ranks_on_cpu_capture_what_one_rank_does(tmp_path, tiny_model, llama_tp2):
     """#36 item 4: TP 2 on CPU, no binding set by the user (the adapter splits this process's CPUs among the ranks):
     every tensor equal to TP 1's in float32, on the MLA/MoE Kimi twin, and to HF's on the tiny Llama (GQA)."""
     one, done = _extract(tmp_path, "tp1", "model=tiny_kimi_bf16")
@@ -330,9 +338,7 @@ def test_tensor_parallel_ranks_on_cpu_capture_what_one_rank_does(tmp_path, tiny_
     binding = engine_record["extra"]["environment"]["VLLM_CPU_OMP_THREADS_BIND"]
     assert len(binding.split("|")) == 2 and engine_record["extra"]["threads_bound_by"].startswith("the adapter")
 
-    llama, done = _extract(tmp_path, "llama", "model=tiny_llama", "engine.tp_size=2")
-    assert done.returncode == 0, done.stderr[-3000:]
-    reader = RunReader(llama)
+    reader = RunReader(llama_tp2)
     path = tiny_model("tiny-llama")
     points = parse_points(list(reader.points), num_layers=read_model_info(path).num_layers)
     batch = [PreparedSample(sample_id=s, source="x", row=0, input_ids_T=reader[s]["input_ids"].numpy().astype(np.int64),
@@ -346,12 +352,11 @@ def test_tensor_parallel_ranks_on_cpu_capture_what_one_rank_does(tmp_path, tiny_
 
 
 @pytest.mark.slow
-def test_a_ray_replica_and_the_gates_reference_run_at_tp_2(tmp_path, tiny_model):
+def test_a_ray_replica_and_the_gates_reference_run_at_tp_2(tmp_path, llama_tp2):
     """#36 item 4: with runner=ray, the replica capturing the run and the gate's reference (a Ray task, as on a GPU
     cluster whose driver has no GPU) each run vLLM at TP 2 on CPU: the gate passes, both engines record TP 2, and the
     shards hold what a local TP 2 run captures."""
-    local, done = _extract(tmp_path, "local", "model=tiny_llama", "engine.tp_size=2")
-    assert done.returncode == 0, done.stderr[-3000:]
+    local = llama_tp2
     out = tmp_path / "ray"
     proc = subprocess.run([sys.executable, "-m", "pipeline.extract", "model=tiny_llama", "engine=vllm",
                            "engine.dtype=float32", "engine.tp_size=2", "runner=ray", "runner.num_replicas=1",

@@ -31,6 +31,7 @@ import torch
 
 from pipeline.core.contracts import Capture, EngineInfo, Generation, GenerationRequest, PointSource, PreparedSample
 from pipeline.engines.base import Engine
+from pipeline.engines.vllm.cpu_ranks import bind_cpu_ranks
 from pipeline.engines.vllm.generation import generate
 from pipeline.engines.vllm.options import VLLMOptions
 from pipeline.engines.vllm.sizing import Sizes, size
@@ -109,17 +110,6 @@ def _explain_start_failure(error: Exception, model_path: str, checkpoint: dict[s
         f"on its own; to run on this machine, {_dense_twin(model_path)}. INT4 MoE kernels run on GPUs.")
 
 
-def _ranges(cpus: Sequence[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5' (vLLM's and taskset's CPU list syntax)."""
-    out, start = [], None
-    for i, cpu in enumerate(cpus):
-        start = cpu if start is None else start
-        if i + 1 == len(cpus) or cpus[i + 1] != cpu + 1:
-            out.append(str(start) if start == cpu else f"{start}-{cpu}")
-            start = None
-    return ",".join(out)
-
-
 class VLLMEngine(Engine):
     name = "vllm"
     environment = ".venv-vllm"
@@ -135,9 +125,10 @@ class VLLMEngine(Engine):
         if self._sizes.kv_cache_space_gib is not None:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self._sizes.kv_cache_space_gib)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if self._own_process else "0"
-        self._bind_cpu_ranks()
         from vllm import LLM
+        from vllm.platforms import current_platform
 
+        self._bound_by = bind_cpu_ranks(self.spec.tp_size, on_cpu=current_platform.is_cpu())
         try:
             self._llm = LLM(**self._llm_kwargs())
         except Exception as e:
@@ -147,26 +138,6 @@ class VLLMEngine(Engine):
             raise ValueError(f"model.path={self.model_path!r}: vLLM loaded {layout['num_layers']} decoder layers, "
                              f"the config said {self.num_layers}")
         self._layout, self._facts = layout, self._rpc("capture_facts")
-
-    def _bind_cpu_ranks(self) -> None:
-        """TP > 1 on CPU: one process per rank, and vLLM's own `auto` binding wants a NUMA node per rank (on one node
-        it refuses: "Not enough allowed NUMA nodes"). Unless the user set VLLM_CPU_OMP_THREADS_BIND, the CPUs this
-        process may use are split among the ranks (contiguous, `0-3|4-7`); a TP with fewer CPUs than ranks is
-        refused here, before anything loads. The binding is in the provenance (the environment vLLM ran with)."""
-        from vllm.platforms import current_platform
-
-        tp = self.spec.tp_size
-        self._bound_by = "the environment" if os.environ.get("VLLM_CPU_OMP_THREADS_BIND") else None
-        if tp == 1 or not current_platform.is_cpu() or self._bound_by:
-            return
-        cpus = sorted(os.sched_getaffinity(0))
-        if len(cpus) < tp:
-            raise ValueError(f"engine.tp_size={tp} on CPU needs a core per rank; this process may use {len(cpus)} "
-                             f"CPU(s) ({_ranges(cpus)}): lower engine.tp_size, or set VLLM_CPU_OMP_THREADS_BIND")
-        share = len(cpus) // tp
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(_ranges(cpus[r * share:(r + 1) * share]) for r in range(tp))
-        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # every CPU is a rank's: none left to reserve
-        self._bound_by = "the adapter (one share of this process's CPUs per rank)"
 
     def _size(self) -> Sizes:
         """max_model_len and (CPU) KV space: the options when set, else from the run's longest sequence and batch
