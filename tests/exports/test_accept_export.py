@@ -7,10 +7,8 @@ import json
 
 import pytest
 
-from pipeline.acceptance.measure import prepare
-from pipeline.acceptance.report import Settings
 from tests.exports.conftest import cli
-from tests.helpers.drafts import make_draft
+from tests.helpers.drafts import accept_prepared
 
 
 @pytest.mark.parametrize("states", ["copy", "reference"])  # a reference export's sidecar says the same
@@ -19,14 +17,7 @@ def test_the_target_and_the_trained_features_come_from_the_export(llama_run, mod
     proc = cli("pipeline.export", str(llama_run), "--format", "speculators", "--out", str(export), "--states", states)
     assert proc.returncode == 0, proc.stderr[-2000:]
     ids = json.loads((export / "export.json").read_text())["serving"]["vllm"]["aux_layer_ids"]
-    config = json.loads((models_root / "tiny-llama" / "config.json").read_text())
-    wired = make_draft(tmp_path / "wired", config, schema="speculators", aux_ids=list(ids))
-    shifted = make_draft(tmp_path / "shifted", config, schema="speculators", aux_ids=[i + 1 for i in ids])
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "Name three colours."}]}) + "\n")
-    plan = prepare([wired, shifted], target=None, run=None, export=export, prompts=prompts, out=tmp_path / "out",
-                   overwrite=False, settings=Settings(num_speculative_tokens=3, max_tokens=8, temperature=0.0,
-                                                      dtype="float32"))
+    plan, _, _ = accept_prepared(tmp_path, models_root, ids, export=export)
     assert plan.model_dir.resolve() == (models_root / "tiny-llama").resolve()
     assert [d.verdict for d in plan.doctors] == ["OK", "MISMATCH"], plan.doctors
     aux = [f for f in plan.doctors[1].findings if " aux-ids " in f]

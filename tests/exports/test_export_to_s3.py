@@ -18,13 +18,11 @@ from pathlib import Path
 import pytest
 
 from tests.exports.conftest import REPO, cli
-from tests.helpers.drafts import make_draft
+from tests.helpers.drafts import accept_prepared
 from tests.helpers.s3_runs import files, objects
 from tests.helpers.seaweed import SECRET
 from tests.helpers.sweep import sampled
 
-from pipeline.acceptance.measure import prepare
-from pipeline.acceptance.report import Settings
 from pipeline.core.stores import open_store
 from pipeline.drafts.target import gather
 from pipeline.trainers.speculators import prepared_argv
@@ -127,14 +125,7 @@ def test_accept_and_the_doctor_take_the_export_in_the_bucket(llama_run, models_r
     starts (as tests/exports/test_accept_export.py on disk), and `pipeline.doctor --export s3://...` says the same."""
     _ok(_export(llama_run, s3_url, tmp_path / "spool", "--states", "reference"))
     ids = json.loads(open_store(s3_url).get("export.json"))["serving"]["vllm"]["aux_layer_ids"]
-    config = json.loads((models_root / "tiny-llama" / "config.json").read_text())
-    wired = make_draft(tmp_path / "wired", config, schema="speculators", aux_ids=list(ids))
-    shifted = make_draft(tmp_path / "shifted", config, schema="speculators", aux_ids=[i + 1 for i in ids])
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "Name three colours."}]}) + "\n")
-    plan = prepare([wired, shifted], target=None, run=None, export=s3_url, prompts=prompts, out=tmp_path / "out",
-                   overwrite=False, settings=Settings(num_speculative_tokens=3, max_tokens=8, temperature=0.0,
-                                                      dtype="float32"))
+    plan, wired, shifted = accept_prepared(tmp_path, models_root, ids, export=s3_url)
     assert plan.model_dir.resolve() == (models_root / "tiny-llama").resolve()
     assert [d.verdict for d in plan.doctors] == ["OK", "MISMATCH"], plan.doctors
     for draft, code in ((wired, 0), (shifted, 3)):

@@ -141,3 +141,20 @@ def rewire(src: Path, dst: Path, aux_ids: list[int]) -> Path:
     """A copy of speculators-format draft `src` at `dst` whose config names other aux ids (its weights unchanged): the
     same draft served with other target layers."""
     return copy_with(src, dst, config=lambda c: c.update(eagle_aux_hidden_state_layer_ids=list(aux_ids)))
+
+
+def accept_prepared(tmp: Path, models_root: Path, ids: list[int], *, export: Path | str):
+    """`pipeline.accept --export EXPORT`'s plan (nothing served) for two drafts of the tiny Llama: one wired to the
+    export's aux layer ids, one shifted by a layer (what the doctor must catch)."""
+    from pipeline.acceptance.measure import prepare
+    from pipeline.acceptance.report import Settings
+
+    config = json.loads((models_root / "tiny-llama" / "config.json").read_text())
+    wired = make_draft(tmp / "wired", config, schema="speculators", aux_ids=list(ids))
+    shifted = make_draft(tmp / "shifted", config, schema="speculators", aux_ids=[i + 1 for i in ids])
+    prompts = tmp / "prompts.jsonl"
+    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "Name three colours."}]}) + "\n")
+    plan = prepare([wired, shifted], target=None, run=None, export=export, prompts=prompts, out=tmp / "out",
+                   overwrite=False, settings=Settings(num_speculative_tokens=3, max_tokens=8, temperature=0.0,
+                                                      dtype="float32"))
+    return plan, wired, shifted

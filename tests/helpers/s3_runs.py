@@ -70,3 +70,11 @@ def left_nothing_behind(url: str, spool: Path, noun: str) -> None:
     """A finished job on `url`: no multipart upload left, and its spool emptied."""
     assert open_store(url).unfinished() == []
     assert list(spool.iterdir()) == [], f"the spool keeps nothing of a finished {noun}"
+
+
+def finished_on(done: subprocess.CompletedProcess, url: str, spool: Path, noun: str) -> None:
+    """A job that wrote its `noun` to `url` and finished: exit 0, the directory named by its URL, nothing left
+    behind (no multipart upload, an empty spool)."""
+    assert done.returncode == 0, output(done)[-3000:]
+    assert f"{noun} directory: {url}" in done.stdout
+    left_nothing_behind(url, spool, noun)
