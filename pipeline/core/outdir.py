@@ -138,6 +138,13 @@ class Layout:
             return folder in self.dirs and "/" not in name and self.holds(folder, name)
         return sorted(key for key in keys if not own(key))
 
+    def read_keys(self, keys: Iterable[str]) -> list[str]:
+        """The keys of a finished prefix of this kind that a reader copies: its own, less its lock (a user's object
+        and the writer's lease are never a reader's)."""
+        keys = list(keys)
+        foreign = set(self.foreign_keys(keys))
+        return sorted(key for key in keys if key not in foreign and key != self.lock)
+
     def is_done(self, root: Path) -> bool:
         return self.done is not None and (Path(root) / self.done).is_file()
 

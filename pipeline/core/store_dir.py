@@ -51,13 +51,14 @@ def spool_for(root: str | Path, store: Store) -> Path:
     return Path(root).expanduser() / hashlib.sha256(where.encode()).hexdigest()[:16]
 
 
-def checked_spool(spool_root: str, url: str, endpoint: str | None) -> Path:
-    """The local folder a job writing to `url` stages its units in (an unsupported URL refused, naming it); refused
-    when it cannot be written."""
+def checked_spool(spool_root: str, url: str, endpoint: str | None, *, option: str = "spool_dir=",
+                  error: type[Exception] = ConfigError) -> Path:
+    """The local folder a job writing to `url` stages its units in (an unsupported URL refused, naming it); `error`
+    naming `option` when it cannot be written."""
     spool = spool_for(spool_root, opened(url, endpoint))
     if (why := unusable_dir(spool)) is not None:
-        raise ConfigError(f"spool_dir={spool_root!r} (the local folder units are written in before they are "
-                          f"uploaded to {url}) {why}")
+        raise error(f"{option}{spool_root!r} (the local folder files are written in before they are uploaded to "
+                    f"{url}) {why}")
     return spool
 
 
@@ -71,14 +72,15 @@ def check_early(url: str, *, kind: DirKind, overwrite: bool, endpoint: str | Non
     if overwrite or done is None or store.head(done) is None:
         return
     try:
-        finished = isinstance(_record(store, done, ValueError), dict)
+        finished = isinstance(record_at(store, done, ValueError), dict)
     except (ValueError, FileNotFoundError):
         return  # a torn completing file: not finished (held says what it holds)
     if finished and kind.finished_record is None:
         raise kind.error(f"{kind.name(url)} holds a finished {kind.noun} ({done}); {kind.hint('replace it')}")
 
 
-def _record(store: Store, key: str, error: type[Exception]) -> object:
+def record_at(store: Store, key: str, error: type[Exception]) -> object:
+    """The JSON record `key` of `store` (`error` naming its URL when it is not one, or too large)."""
     where = f"{store.url}/{key}"
     data = store.get(key, 0, MAX_RECORD_BYTES + 1)
     return jsonfile.parse(data, error, where=where, max_bytes=MAX_RECORD_BYTES)
@@ -102,7 +104,7 @@ class StoreView:
         if done is None or done not in self.keys:
             return False
         try:
-            return isinstance(_record(self.store, done, ValueError), dict)
+            return isinstance(record_at(self.store, done, ValueError), dict)
         except (ValueError, FileNotFoundError):
             return False
 
@@ -117,7 +119,7 @@ class StoreView:
         return self.kind.finished_record(self._object(done), f"{self.store.url}/{done}")  # type: ignore[misc]
 
     def _object(self, key: str) -> dict:
-        value = _record(self.store, key, self.kind.error)
+        value = record_at(self.store, key, self.kind.error)
         if not isinstance(value, dict):
             raise self.kind.error(f"{self.store.url}/{key} holds no JSON object")
         return value
@@ -149,7 +151,7 @@ class StoreTarget:
         object, and every file it lists is there with its recorded size."""
         store = self.store()
         try:
-            record = _record(store, marker, ValueError)
+            record = record_at(store, marker, ValueError)
         except (ValueError, FileNotFoundError):
             return None
         files = record.get("files") if isinstance(record, dict) else None

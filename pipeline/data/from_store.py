@@ -15,7 +15,7 @@ from typing import TypeVar
 from pipeline.core.storage import SCHEME, ObjectInfo, StorageError
 from pipeline.core.store_copy import copied
 from pipeline.core.stores import open_store
-from pipeline.data.regeneration import LAYOUT, LOCK, MANIFEST, START_FILE
+from pipeline.data.regeneration import LAYOUT, MANIFEST, START_FILE
 
 C = TypeVar("C")
 
@@ -55,5 +55,4 @@ def _regeneration(url: str, listing: dict[str, ObjectInfo]) -> dict[str, ObjectI
         what = ("an unfinished regeneration (no manifest.json): rerun the same pipeline.regenerate command to finish "
                 "it") if START_FILE in listing else "no regeneration (no manifest.json) and no data file"
         raise StorageError(f"data.path={url!r} holds {what}")
-    foreign = set(LAYOUT.foreign_keys(listing))
-    return {key: info for key, info in listing.items() if key not in foreign and key != LOCK}
+    return {key: listing[key] for key in LAYOUT.read_keys(listing)}

@@ -17,14 +17,13 @@ import torch
 
 from pipeline.core import lifecycle
 from pipeline.core.io import atomic_path
-from pipeline.core.outdir import Layout, unusable_dir
 from pipeline.core.store_dir import DEFAULT_SPOOL
 from pipeline.exports import vocab
 from pipeline.exports.base import Exporter, ExportSample
 from pipeline.exports.progress import ExportProgress
 from pipeline.exports.sidecar import build, plan_record
 from pipeline.exports.slots import ExportError, RunDoesNotVerify, SlotPlan, plan_slots
-from pipeline.exports.target import ExportOut, claimed, found, on_store
+from pipeline.exports.target import ExportOut, check_writable, claimed, export_files, found, on_store
 from pipeline.exports.unnorm import Unnorm
 from pipeline.shards.layout import check_out
 from pipeline.shards.manifest import ManifestError
@@ -119,8 +118,9 @@ def export_run(run_dir: Path | str, out: Path | str, exporter: Exporter, *, aux:
     plan = plan_slots(exporter.layout, run_points=manifest["points"], num_layers=_num_layers(run, manifest), aux=aux,
                       last=last)
     record = plan_record(run, manifest, exporter.layout, plan)
-    files = _states_files(exporter, record, states)
-    files, target_vocab = _draft_vocab_files(run.name, manifest, exporter.layout.name, files, record, draft_vocab)
+    _states_files(exporter, record, states)
+    target_vocab = _draft_vocab(run.name, manifest, exporter.layout.name, record, draft_vocab)
+    files = export_files(exporter.files, states=states, draft_vocab=draft_vocab)
     sidecar = build(run, manifest, exporter.layout, plan, record)  # before any file: it cannot fail at the end
     if states == "reference":
         sidecar["run_files"] = run.fingerprint(manifest)
@@ -131,8 +131,7 @@ def export_run(run_dir: Path | str, out: Path | str, exporter: Exporter, *, aux:
     if found(out, record, files) == "complete":  # before the full-read verification
         return complete
     unnorm = Unnorm.of_run(manifest, run.name) if plan.last_unnormed else None  # before anything is written
-    if isinstance(out, Path) and (why := unusable_dir(out)) is not None:  # a path through a file, a read-only dir
-        raise ExportError(f"--out {out} {why}")
+    check_writable(out, spool_dir)  # a path through a file, a read-only dir, a spool that cannot be written
     if verify:
         _verify(run)
     with claimed(out, record, files, spool_root=spool_dir) as target:
@@ -156,7 +155,7 @@ def _fill(target: ExportOut, run: RunAt, exporter: Exporter, plan: SlotPlan, pro
         target.publish(*index_files)
         if draft_vocab is not None:
             sidecar["draft_vocab"] = vocab.write(target.root, _tokens(reader), draft_vocab, target_vocab,
-                                                 named=target.name)
+                                                 named=target.trainer_name)
             target.publish(*(target.root / name for name in vocab.names(draft_vocab)))
     target.finish(_finished_sidecar(sidecar, exporter, plan, target.root, progress, index_files, unnorm, states))
     return index_bytes
@@ -178,13 +177,13 @@ def _num_layers(run: RunAt, manifest: Mapping[str, Any]) -> int:
     return num_layers
 
 
-def _states_files(exporter: Exporter, record: dict, states: str) -> Layout:
-    """The layout's files; a reference export has no per-sample files, and says so in its plan (a rerun with the
-    other choice is another export)."""
+def _states_files(exporter: Exporter, record: dict, states: str) -> None:
+    """Check --states against the layout; a reference export says so in its plan (a rerun with the other choice is
+    another export)."""
     if exporter.storage is not None:
         record["export_storage"] = exporter.storage  # another storage of the same run is another export
     if states == "copy":
-        return exporter.files
+        return
     if states != "reference":
         raise ExportError(f"--states {states!r}: copy or reference")
     if exporter.storage is not None:
@@ -194,22 +193,21 @@ def _states_files(exporter: Exporter, record: dict, states: str) -> Layout:
         raise ExportError(f"--states reference is read by speculators' trainer only (python -m "
                           f"pipeline.trainers.speculators); the {exporter.layout.name} layout needs --states copy")
     record["states"] = "reference"
-    return replace(exporter.files, dirs={})
 
 
-def _draft_vocab_files(run_name: str, manifest: Mapping[str, Any], layout_name: str, files: Layout, record: dict,
-                       draft_vocab: int | None) -> tuple[Layout, int | None]:
-    """The export's files, with --draft-vocab N (speculators only) its vocabulary files too, and the target's
-    vocabulary size; N recorded in the plan only when asked (the plans of exports without it stay as they were)."""
+def _draft_vocab(run_name: str, manifest: Mapping[str, Any], layout_name: str, record: dict,
+                 draft_vocab: int | None) -> int | None:
+    """Check --draft-vocab N (speculators only) and record it in the plan only when asked (the plans of exports
+    without it stay as they were); the target's vocabulary size."""
     if draft_vocab is None:
-        return files, None
+        return None
     if layout_name != "speculators":
         raise ExportError(f"--draft-vocab writes speculators' vocabulary files; the {layout_name} "
                           "layout does not read them")
     target_vocab = vocab.target_vocab_size(manifest, run_name)
     vocab.check_size(draft_vocab, target_vocab)
     record["draft_vocab"] = draft_vocab
-    return replace(files, files=files.files + vocab.names(draft_vocab)), target_vocab
+    return target_vocab
 
 
 def _finished_sidecar(sidecar: dict, exporter: Exporter, plan: SlotPlan, out: Path, progress: ExportProgress,

@@ -10,21 +10,42 @@ create-only, after the lease is checked, and the plan object is removed then, as
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from pipeline.core import lifecycle, store_dir
-from pipeline.core.outdir import Layout, json_text
+from pipeline.core.outdir import Layout, json_text, unusable_dir
 from pipeline.core.storage import SCHEME, StorageError
 from pipeline.core.store_copy import copied
-from pipeline.exports.sidecar import PLAN, SIDECAR, export_dir, finish
+from pipeline.exports import vocab
+from pipeline.exports.formats import FORMATS
+from pipeline.exports.sidecar import PLAN, SIDECAR, export_dir, export_layout, finish
+from pipeline.exports.slots import ExportError
 
 LEASE = ".export.lock"  # on a store only: a directory on disk is locked itself
 
 
 def on_store(out: Path | str) -> bool:
     return isinstance(out, str) and bool(SCHEME.match(out))
+
+
+def export_files(files: Layout, *, states: str, draft_vocab: int | None) -> Layout:
+    """What an export in the trainer's layout `files` holds: no per-sample folder when the trainer reads the run's
+    states (`states="reference"`), speculators' vocabulary files with --draft-vocab N."""
+    if states == "reference":
+        files = replace(files, dirs={})
+    return files if draft_vocab is None else replace(files, files=files.files + vocab.names(draft_vocab))
+
+
+def check_writable(out: Path | str, spool_root: str) -> None:
+    """ExportError in one line when the export cannot be written: a path through a file or a read-only directory on
+    disk; on a store, a spool folder that cannot be written (the bucket itself is checked by `found`)."""
+    if not on_store(out):
+        if (why := unusable_dir(Path(out))) is not None:
+            raise ExportError(f"--out {out} {why}")
+        return
+    store_dir.checked_spool(spool_root, str(out), None, option="--spool-dir ", error=ExportError)
 
 
 def kind_for(out: Path | str, files: Layout) -> lifecycle.DirKind:
@@ -54,6 +75,12 @@ class ExportOut:
     @property
     def plan(self) -> lifecycle.Plan:
         return self.held.plan
+
+    @property
+    def trainer_name(self) -> str:
+        """How a trainer's arguments name the export: its URL on a store (the trainer's wrapper copies it), else the
+        directory's absolute path."""
+        return self.name.rstrip("/") if self.held.target is not None else str(self.root.resolve())
 
     def prepare(self) -> None:
         self.held.prepare()
@@ -95,14 +122,23 @@ def claimed(out: Path | str, record: dict, files: Layout, *, spool_root: str) ->
             yield ExportOut(name=str(out), root=Path(out), held=local)
 
 
-def local_copy(url: str, spool_root: str = store_dir.DEFAULT_SPOOL) -> Path:
-    """A finished export on a store copied into the spool, for a trainer that reads local files (its lease and plan
-    left out; reused while the objects are unchanged); StorageError naming the URL when it holds no finished export."""
+def export_copy(url: str, spool_root: str = store_dir.DEFAULT_SPOOL) -> Path:
+    """A finished export on a store copied into the spool, for a trainer that reads local files (the objects of its
+    layout but its lease; reused while they are unchanged); StorageError naming the URL when it holds no finished
+    export."""
     store = store_dir.opened(url, None)
     store.check()
     listing = {o.key: o for o in store.list()}
     if SIDECAR not in listing:
         raise StorageError(f"{url} holds no finished export (no {SIDECAR})" + (
             ": rerun the pipeline.export command that wrote it to finish it" if PLAN in listing else ""))
-    objects = {key: info for key, info in listing.items() if key not in (LEASE, PLAN)}
-    return copied(store, url, url.rstrip("/").rsplit("/", 1)[-1], objects, spool_root, prefix=True)
+    sidecar = store_dir.record_at(store, SIDECAR, StorageError)
+    fmt = sidecar.get("format") if isinstance(sidecar, dict) else None
+    if fmt not in FORMATS:
+        raise StorageError(f"{url}/{SIDECAR} names no export format this code reads ({fmt!r})")
+    written = sidecar.get("draft_vocab")  # type: ignore[union-attr]
+    files = export_files(FORMATS[fmt].files, states=sidecar.get("states", "copy"),  # type: ignore[union-attr]
+                         draft_vocab=written.get("draft_vocab_size") if isinstance(written, dict) else None)
+    keys = export_layout(files, LEASE).read_keys(listing)
+    return copied(store, url, url.rstrip("/").rsplit("/", 1)[-1], {k: listing[k] for k in keys}, spool_root,
+                  prefix=True)

@@ -23,7 +23,6 @@ import torch
 
 from pipeline.core.io import atomic_path, sha256_file
 from pipeline.core.jsonfile import read_object
-from pipeline.core.storage import SCHEME
 from pipeline.exports.slots import ExportError
 from pipeline.models.info import text_config
 
@@ -77,11 +76,10 @@ def check_size(draft_vocab: int, target_vocab: int) -> None:
 
 
 def write(out: Path, tokens: Iterable[tuple[torch.Tensor, torch.Tensor]], draft_vocab: int,
-          target_vocab: int, *, named: str | None = None) -> dict:
+          target_vocab: int, *, named: str) -> dict:
     """Write the three files (each atomically, skipped when a resumed export already has it); the sidecar's record,
-    whose trainer arguments name the files in `named` (the export's URL when `out` is its spool), else in `out`."""
+    whose trainer arguments name the files in `named`, the export as a trainer names it (`ExportOut.trainer_name`)."""
     out = Path(out)
-    where = named.rstrip("/") if named is not None and SCHEME.match(named) else str(out.resolve())
     freq = frequencies(tokens)
     d2t, t2d = mappings(freq, draft_vocab, target_vocab)
     freq_name, d2t_name, t2d_name = names(draft_vocab)
@@ -96,5 +94,5 @@ def write(out: Path, tokens: Iterable[tuple[torch.Tensor, torch.Tensor]], draft_
             "covered_trained_tokens": sum(freq.get(t, 0) for t in (torch.arange(draft_vocab) + d2t).tolist()),
             "files": {role: {"path": name, "sha256": sha256_file(out / name)}
                       for role, name in (("token_freq", freq_name), ("d2t", d2t_name), ("t2d", t2d_name))},
-            "trainer_args": f"--draft-vocab-size {draft_vocab} --d2t-path {where}/{d2t_name} "
-                            f"--t2d-path {where}/{t2d_name}"}
+            "trainer_args": f"--draft-vocab-size {draft_vocab} --d2t-path {named}/{d2t_name} "
+                            f"--t2d-path {named}/{t2d_name}"}

@@ -46,17 +46,17 @@ def _local(argv: list[str], url: str, local: str) -> list[str]:
 
 def prepared_argv(argv: Sequence[str]) -> list[str]:
     """argv with the backend chosen for a reference export, and an export on object storage (`--data-path
-    s3://...`) read from a local copy (pipeline.exports.target.local_copy: the trainer reads local files); SystemExit(2)
+    s3://...`) read from a local copy (pipeline.exports.target.export_copy: the trainer reads local files); SystemExit(2)
     for a backend that cannot read it or a URL that holds no finished export."""
     argv = list(argv)
     data_path = _value(argv, "--data-path")
     if data_path is not None and data_path.startswith("s3://"):
         from pipeline.core.storage import StorageError
         from pipeline.core.store_dir import DEFAULT_SPOOL
-        from pipeline.exports.target import local_copy
+        from pipeline.exports.target import export_copy
 
         try:
-            local = str(local_copy(data_path, os.environ.get(SPOOL_ENV) or DEFAULT_SPOOL))
+            local = str(export_copy(data_path, os.environ.get(SPOOL_ENV) or DEFAULT_SPOOL))
         except StorageError as exc:
             raise SystemExit(f"{PROG}: --data-path {exc}") from None
         argv, data_path = _local(argv, data_path, local), local

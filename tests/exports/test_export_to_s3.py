@@ -77,6 +77,7 @@ def test_the_trainer_reads_a_bucket_export_from_a_local_copy(llama_run, s3_url, 
     _ok(_export(llama_run, s3_url, tmp_path / "spool", "--states", "reference"))
     _same_export(s3_url, tmp_path / "disk")
     sidecar = json.loads(open_store(s3_url).get("export.json"))
+    open_store(s3_url).put("notes.txt", b"a user's, put there after the export finished: not the trainer's")
     argv = prepared_argv(["--data-path", s3_url, *sidecar["draft_vocab"]["trainer_args"].split()])
     local = Path(argv[1])
     assert local.is_dir() and local.is_relative_to(tmp_path / "copies") and (local / "export.json").is_file()
@@ -89,7 +90,12 @@ def test_the_trainer_reads_a_bucket_export_from_a_local_copy(llama_run, s3_url, 
 
 
 def test_what_a_bucket_prefix_must_hold_to_take_an_export(llama_run, s3_url, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    proc = _export(llama_run, s3_url, tmp_path / "a-file" / "spool")
+    line = (proc.stdout + proc.stderr).strip().splitlines()[-1]
+    assert proc.returncode == 2 and f"--spool-dir '{tmp_path / 'a-file' / 'spool'}'" in line, proc.stderr[-2000:]
     store = open_store(s3_url)
+    assert store.list() == []
     store.put("notes.txt", b"a user's")
     proc = _export(llama_run, s3_url, tmp_path / "spool")
     line = (proc.stdout + proc.stderr).strip().splitlines()[-1]
