@@ -30,8 +30,8 @@ from pipeline.shards import layout as shard_layout
 from pipeline.shards.reader import RunReader
 from pipeline.shards.run_at import RunAt
 from pipeline.shards.signing_keys import load_public_key
+from pipeline.shards.validate import all_finite
 
-FINITE_BLOCK_BYTES = 4 << 20  # the finite check's blocks of tokens (_finite)
 SIDECAR = "export.json"  # pipeline.exports.sidecar.SIDECAR (imported there from here would be a cycle)
 
 
@@ -137,7 +137,6 @@ class RunStates:
         if self._shard is not None and shard != self._shard:
             reader.release(self._shard)  # one shard mapped at a time
         self._shard = shard
-        where = f"sample {index} ({sample_id}) in {reader.tensor_file(shard)}"
         states = reader.hidden_states(sample_id, self.span)
         if self.within is not None:
             states = states.index_select(1, self.within)
@@ -145,36 +144,29 @@ class RunStates:
             try:
                 states = self.unnorm.apply(states, states.shape[1] - 1, sample_id)
             except ExportError as exc:
-                raise RunStatesError(f"{where}: {exc}") from None
-        ids = reader.tokens(sample_id)["input_ids"]
-        self._check(where, index, states, ids)
-        return {"hidden_states": states, "token_ids": ids.to(torch.int64)}
+                raise RunStatesError(f"{self._where(index)}: {exc}") from None
+        ids = reader.tokens(sample_id)["input_ids"].to(torch.int64)
+        self._check(index, states, ids)
+        return {"hidden_states": states, "token_ids": ids}
 
-    def _check(self, where: str, index: int, states: torch.Tensor, ids: torch.Tensor) -> None:
+    def _where(self, index: int) -> str:
+        """Sample `index` and the shard file it is read from, for a failure's message."""
+        sample_id = self._ids[index]
+        return f"sample {index} ({sample_id}) in {self._reader.tensor_file(self._reader.shard_of(sample_id))}"
+
+    def _check(self, index: int, states: torch.Tensor, ids: torch.Tensor) -> None:
         row = self._table.column("input_ids")[index].values.to_numpy(zero_copy_only=False)
         expected = torch.from_numpy(row.copy())  # the mapping is read-only
         shape = (len(expected), len(self.indices), int(self.sidecar["hidden_size"]))
         if tuple(states.shape) != shape:
-            raise RunStatesError(f"{where}: hidden states {tuple(states.shape)}, expected {shape} (tokens, slots, "
-                                 "hidden size)")
-        if not torch.equal(ids.to(torch.int64), expected):  # same length: the shape check above
-            first = int((ids.to(torch.int64) != expected).nonzero()[0])
-            raise RunStatesError(f"{where}: token ids differ from the export's dataset row {index} (first at token "
-                                 f"{first}): the run is not the one the export was made from")
-        if not _finite(states):
+            raise RunStatesError(f"{self._where(index)}: hidden states {tuple(states.shape)}, expected {shape} "
+                                 "(tokens, slots, hidden size)")
+        if not torch.equal(ids, expected):  # same length: the shape check above
+            first = int((ids != expected).nonzero()[0])
+            raise RunStatesError(f"{self._where(index)}: token ids differ from the export's dataset row {index} (first "
+                                 f"at token {first}): the run is not the one the export was made from")
+        if not all_finite(states):
             finite = torch.isfinite(states)
             token, slot = (int(v) for v in (~finite).nonzero()[0][:2])
-            raise RunStatesError(f"{where}: {int((~finite).sum())} non-finite value(s), first at token {token}, slot "
-                                 f"{slot} ({self.sidecar['slots'][slot]['point']})")
-
-
-def _finite(states: torch.Tensor) -> bool:
-    """No NaN and no infinity in `states` (they reach aminmax's extremes; an order faster than isfinite on bf16). The
-    tensor is the run's mapping, strided where the slots skip a point: reduced whole, a strided bf16 tensor costs half
-    a trainer's own pass over it, reduced in blocks of a few MB each block runs at memory speed (bench/one_copy.py)."""
-    step = max(1, FINITE_BLOCK_BYTES // max(1, states[:1].numel() * states.element_size()))
-    for start in range(0, len(states), step):
-        low, high = torch.aminmax(states[start:start + step])
-        if not (bool(torch.isfinite(low)) and bool(torch.isfinite(high))):
-            return False
-    return True
+            raise RunStatesError(f"{self._where(index)}: {int((~finite).sum())} non-finite value(s), first at token "
+                                 f"{token}, slot {slot} ({self.sidecar['slots'][slot]['point']})")

@@ -83,7 +83,10 @@ class CheckpointTensors:
         """[V, H], kept in the checkpoint's dtype; cast to float32 chunk by chunk (Kimi's head is 2.3 GB in bf16)."""
         return self._tensor(self.head_name)
 
-    def final_norm(self, x_TH: torch.Tensor) -> torch.Tensor:
-        """The model's final RMSNorm in float32: w * x / sqrt(mean(x^2) + eps)."""
+    def final_norm(self, x_TH: torch.Tensor, mean_square_T1: torch.Tensor | None = None) -> torch.Tensor:
+        """The model's final RMSNorm in float32: w * x / sqrt(mean(x^2) + eps); `mean_square_T1`: mean(x^2) over the
+        last dim, when the caller has it."""
         x = x_TH.float()
-        return self.norm_weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        if mean_square_T1 is None:
+            mean_square_T1 = x.pow(2).mean(-1, keepdim=True)
+        return self.norm_weight * (x * torch.rsqrt(mean_square_T1 + self.eps))

@@ -69,15 +69,33 @@ def _count_non_finite(hs: torch.Tensor) -> tuple[int, int, list[int]]:
     return num_nan, num_inf, torch.nonzero(bad_points).flatten().tolist()
 
 
+# A float is NaN or infinite exactly when its exponent bits are all set: the dtype's integer view and those bits.
+_EXPONENT_BITS = {torch.bfloat16: (torch.int16, 0x7F80), torch.float16: (torch.int16, 0x7C00),
+                  torch.float32: (torch.int32, 0x7F800000)}
+FINITE_BLOCK_BYTES = 2 << 20  # a block's masked copy stays in the cache
+
+
 def all_finite(t: torch.Tensor) -> bool:
-    """No NaN and no inf in `t`. min and max propagate NaN and reach +-inf, and one aminmax pass is much faster than
-    isfinite().all() on bf16 (it allocates no mask); this check sits on every capture's path to the disk."""
+    """No NaN and no inf in `t` (a capture on its way to the disk, a sample on its way to a trainer). The exponent
+    bits are masked and their maximum taken, in blocks of rows: on bf16 2x faster than one aminmax pass and 13x faster
+    than isfinite().all() (bench/README.md "one_copy"); a strided view (a sample's slots) is read block by block, never
+    copied whole. Other dtypes: aminmax (min and max propagate NaN and reach +-inf)."""
     if t.numel() == 0:
         return True
-    if t.element_size() == 1:  # fp8 has no aminmax kernel
-        t = t.float()
-    lo, hi = torch.aminmax(t)
-    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
+    t = t.reshape(1) if t.dim() == 0 else t
+    if t.dtype not in _EXPONENT_BITS or t.stride(-1) != 1:
+        if t.element_size() == 1:  # fp8 has no aminmax kernel
+            t = t.float()
+        lo, hi = torch.aminmax(t)
+        return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
+    as_int, bits = _EXPONENT_BITS[t.dtype]
+    step = max(1, FINITE_BLOCK_BYTES // max(1, t[:1].numel() * t.element_size()))
+    masked = torch.empty((min(step, len(t)), *t.shape[1:]), dtype=as_int)  # one buffer for every block
+    for start in range(0, len(t), step):
+        block = t[start:start + step].view(as_int)
+        if int(torch.bitwise_and(block, bits, out=masked[:len(block)]).max()) == bits:
+            return False
+    return True
 
 
 def _check_finite(hs: torch.Tensor) -> Problem | None:

@@ -22,7 +22,7 @@ from tests.helpers.trainers import SPECULATORS_PYTHON, speculators_train
 
 from pipeline.core.stores import open_store
 from pipeline.exports.run_states import RunStates, RunStatesError
-from pipeline.exports import run_states as run_states_module
+from pipeline.shards import validate as validate_module
 from pipeline.shards.reader import RunReader
 from pipeline.trainers.speculators import BACKEND, prepared_argv
 
@@ -207,7 +207,7 @@ def test_a_non_finite_state_is_raised_naming_the_sample_and_the_shard(own_run, b
         width = len(reader.points) * reader.manifest["hidden_size"]
     token = 0
     if block_bytes is not None:  # the sample checked a token at a time: its last token's block too
-        monkeypatch.setattr(run_states_module, "FINITE_BLOCK_BYTES", block_bytes)
+        monkeypatch.setattr(validate_module, "FINITE_BLOCK_BYTES", block_bytes)
         token = tokens - 1
     _overwrite_keeping_mtime(shard, "hidden_states", token * width, b"\xc0\x7f")  # bf16 NaN in sample 0, point b1
     states = RunStates(ref)
