@@ -5,6 +5,7 @@ finished ones. `compute` is the engine's capture, `write` validates every captur
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -17,7 +18,7 @@ from pipeline.core.store_dir import StoreTarget
 from pipeline.data.prepare import read_rejects, write_rejects
 from pipeline.engines.base import Engine
 from pipeline.points import Point
-from pipeline.run.contract import UnitResult
+from pipeline.run.contract import RESUME_THREADS, UnitResult
 from pipeline.shards.directory import RUN_DIR
 from pipeline.shards.layout import rejects_path, shard_paths
 from pipeline.shards.validate import capture_reject
@@ -166,14 +167,15 @@ def mixed_threads(shard_metadata: Callable[[str], Mapping[str, str]], finished: 
     now = metadata.get(CPU_THREADS)
     if now is None:
         return None
+    entries = [result.entry for result in finished if result.entry is not None]
+
+    def threads_of(entry: ShardEntry) -> str | None:
+        return shard_metadata(next(name for name in entry.files if name.endswith(".safetensors"))).get(CPU_THREADS)
     then: dict[str, list[str]] = {}
-    for result in finished:
-        if result.entry is None:
-            continue
-        rel = next(name for name in result.entry.files if name.endswith(".safetensors"))
-        threads = shard_metadata(rel).get(CPU_THREADS)
-        if threads is not None and threads != now:
-            then.setdefault(threads, []).append(result.entry.name)
+    with ThreadPoolExecutor(max_workers=RESUME_THREADS) as pool:  # on a store: two requests a shard
+        for entry, threads in zip(entries, pool.map(threads_of, entries)):
+            if threads is not None and threads != now:
+                then.setdefault(threads, []).append(entry.name)
     if not then:
         return None
     earlier = "; ".join(f"{', '.join(names)} with {threads}" for threads, names in sorted(then.items()))

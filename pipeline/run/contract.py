@@ -57,17 +57,23 @@ class StagePlan(Protocol):
     def resume_warning(self, run_dir: Path, finished: Sequence[UnitResult]) -> str | None: ...
 
 
+# Units judged at once on a resume: on a store each is a few round trips (its marker, its files' sizes, its rejects),
+# on disk a full read (its sha256). One at a time, a run of 10,000 units in a bucket spent minutes before its first
+# new unit (bench/README.md, resume). Eight: the S3 client's connection pool (pipeline/core/s3.py).
+RESUME_THREADS = 8
+
+
 def unfinished_units(run_dir: Path, num_units: int, on_finished: Callable[[Any], None],
                      plan: StagePlan) -> list[int]:
     """Indices of the units still to run; each unit finished by an earlier invocation (as `plan` judges it) goes to
-    `on_finished`."""
+    `on_finished`, in order."""
     todo = []
-    for index in range(num_units):
-        finished = plan.finished(run_dir, index)
-        if finished is None:
-            todo.append(index)
-        else:
-            on_finished(finished)
+    with ThreadPoolExecutor(max_workers=RESUME_THREADS, thread_name_prefix="resume") as pool:
+        for index, finished in enumerate(pool.map(lambda i: plan.finished(run_dir, i), range(num_units))):
+            if finished is None:
+                todo.append(index)
+            else:
+                on_finished(finished)
     return todo
 
 

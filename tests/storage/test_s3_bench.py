@@ -36,3 +36,13 @@ def test_the_s3_write_bench_runs_and_the_writers_memory_stays_bounded():
     ratio, local, s3, raw, peak_local, peak_s3, parts = map(float, found.groups())
     assert min(ratio, local, s3, raw) > 0
     assert peak_s3 <= peak_local + parts + 64, f"the S3 path grew the process by {peak_s3} MiB ({peak_local} local)"
+
+
+def test_the_resume_bench_runs():
+    """bench/resume.py (a resume's unit checks one at a time against the pool, on SeaweedFS) at its smallest size:
+    every unit found finished both ways (the bench asserts it)."""
+    done = subprocess.run([sys.executable, "bench/resume.py", "--units", "12", "--repeats", "1", "--latency-ms", "5"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"resume: serial_s=[\d.]+ pooled_s=[\d.]+ ratio=[\d.]+ units=12 latency_ms=5", last), last
