@@ -88,3 +88,6 @@ class RegenerateConfig:
     spool_dir: str = "~/.cache/pipeline/spool"
     overwrite: bool = False  # replace a finished regeneration (never done silently)
     wait_for_lock: bool = False  # another regenerate holds out_dir: wait for it to finish instead of exiting
+    # the parts' bound (every turn's prompt and answer at data.max_length) against out_dir's free space
+    # (pipeline/regen/room.py)
+    check_space: bool = True  # refuse, before any engine starts, a job out_dir (or the spool) cannot hold

@@ -278,7 +278,7 @@ class ExtractConfig:
     wait_for_lock: bool = False  # another extract holds out_dir: wait for it to finish instead of exiting
     sign_key: Optional[str] = None  # an Ed25519 private key (PEM) that signs the run's attestation; null: unsigned
     plan: bool = False  # print the run's plan (tokens, bytes, free space, engines and memory per GPU), start nothing
-    check_space: bool = True  # refuse, before any engine starts, a run out_dir (or the spool) cannot hold
+    check_space: bool = True  # refuse, before any engine starts, a job out_dir (or the spool) cannot hold
 
 
 @dataclass(kw_only=True)

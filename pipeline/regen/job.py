@@ -36,6 +36,7 @@ from pipeline.engines.registry import check_name, check_options
 from pipeline.models.info import ModelInfo
 from pipeline.regen.conversation import Conversation
 from pipeline.regen.prompts import Prompts, read_prompts
+from pipeline.regen.room import check_room
 from pipeline.regen.sampling import stop_token_ids
 from pipeline.regen.stage import RegenPlan, RegenResult
 from pipeline.run.executor import Executor
@@ -172,6 +173,9 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
         raise ConfigError(f"data.path={dcfg.data.path!r}: {e}" if "model.path" not in str(e) else str(e)) from e
     log.info("%d conversations to regenerate from %d records of %s; %d rejected", len(prompts.conversations),
              prompts.num_records, prompts.source, len(prompts.rejects))
+    units = _units(prompts, cfg.runner.max_samples_per_shard)
+    if cfg.check_space and not SCHEME.match(cfg.out_dir):  # on a store the spool holds a part or two, a few MB
+        log.info("%s", check_room(out, units, max_length=cfg.data.max_length, overwrite=cfg.overwrite))
     digests = provenance.model_digests(model, getattr(tokenizer, "chat_template", None), cfg.model.trust_remote_code)
     record = _start_record(config, prompts, digests)
     executor = executor_for(cfg.runner, cfg.engine, model_path=str(model.path), points=[],
@@ -184,7 +188,6 @@ def run_regenerate(dcfg: DictConfig) -> RegenSummary:
             engine = _engine_record(executor)
             held.prepare()
             write_rejects(out / rd.REJECTS, prompts.rejects)
-            units = _units(prompts, cfg.runner.max_samples_per_shard)
             stage = RegenPlan(model_path=str(model.path), trust_remote_code=cfg.model.trust_remote_code,
                               sampling=sampling, stop_ids=stop_ids, max_length=cfg.data.max_length,
                               keep_truncated=cfg.sampling.truncated == "keep", lease_token=held.token,
