@@ -18,14 +18,14 @@ from pipeline.run.answers import check_answers
 from pipeline.data.remote_code import RemoteCodeError, load_tokenizer
 from pipeline.run.capture import ShardResult, StageSettings
 from pipeline.run.executors import executor_for
-from pipeline.run.gate import DiffGate, GateOutcome
+from pipeline.run.gate import DiffGate, DiffGateError, GateOutcome
 from pipeline.run.plan import RunPlan, check_space, make_plan
 from pipeline.run.resolve import ResolvedRun, resolve_run
 from pipeline.core import lifecycle, store_dir
 from pipeline.shards import attestation
 from pipeline.shards.directory import RUN_DIR
-from pipeline.shards.layout import (ATTESTATION_NAME, FORMAT_VERSION, MANIFEST_NAME, PREPARE_REJECTS, REJECTS_DIR, RUN,
-                                    SHARDS_DIR)
+from pipeline.shards.layout import (ATTESTATION_NAME, DIFF_DIR, FORMAT_VERSION, MANIFEST_NAME, PREPARE_REJECTS,
+                                    REJECTS_DIR, RUN, SHARDS_DIR)
 from pipeline.shards.manifest import manifest_text, write_manifest
 from pipeline.shards.plan import plan_units
 from pipeline.shards.storage import run_record
@@ -151,6 +151,21 @@ def _held(run: ResolvedRun, record: dict[str, Any]) -> ContextManager[Held]:
                              wait=cfg.wait_for_lock, overwrite=cfg.overwrite, endpoint=cfg.s3_endpoint)
 
 
+def _gate_checked(gate: DiffGate, executor: Any, held: Held) -> GateOutcome:
+    """The gate's verdict. When it stops a run on object storage, its report is put there before the stop is raised
+    (the report is written in the driver's spool, and a driver in a pod that goes away would take it along)."""
+    try:
+        return gate.check(executor)
+    except DiffGateError as stop:
+        if held.target is None:
+            raise
+        held.target.check_lease("stopped by the diff gate")
+        for entry in RUN.walk(held.out):
+            if entry.what == "file" and entry.folder == DIFF_DIR:
+                held.target.put_file(held.out, entry.rel)
+        raise DiffGateError(f"{stop}\nthe report is in {held.url}/{DIFF_DIR}/ as well") from None
+
+
 def _finish(run: ResolvedRun, held: Held, manifest: dict[str, Any]) -> None:
     """The attestation over every file, then the manifest: the run is finished from then on. On object storage the
     job's own files (the prepare step's rejects, the gate's report) are published first, the manifest is written
@@ -193,7 +208,7 @@ def run_extract(dcfg: DictConfig) -> RunSummary | RunPlan:
         gate.probe_references(prepared.samples, executor)  # the reference engines: started, probed, closed
         executor.expect(prepared.samples)  # engines may size their caches from the longest sample
         with executor:  # the primary starts once: the gate probes it, then it captures the run
-            outcome = gate.check(executor)  # may stop the run: no shard yet
+            outcome = _gate_checked(gate, executor, held)  # may stop the run: no shard yet
             held.prepare()
             write_rejects(run.out_dir / PREPARE_REJECTS, prepared.rejects)
             units = plan_units(prepared.samples, max_tokens_per_shard=cfg.runner.max_tokens_per_shard,

@@ -171,3 +171,18 @@ def test_a_location_that_cannot_be_used_is_one_line_naming_it(case, s3_env, s3_u
     if case == "user's object":
         assert {o.key for o in open_store(s3_url).list()} - {".lock"} == {"notes.txt"}  # the user's object kept
 
+
+
+def test_a_gate_stop_puts_its_report_in_the_bucket(s3_env, s3_url, tmp_path):
+    """The gate's report is written in the driver's spool; when the gate stops a run on object storage, the report is
+    put in the bucket too (a driver's pod may not outlive the stop), and a rerun whose gate passes replaces it."""
+    stopped = extract_s3(s3_url, tmp_path, s3_env, "gate.mode=stop", "diff.thresholds.bfloat16.rel_l2=0")
+    assert stopped.returncode == 3, output(stopped)[-3000:]
+    assert f"the report is in {s3_url}/diff/ as well" in output(stopped)
+    store = open_store(s3_url)
+    keys = {o.key for o in store.list()}
+    assert {"diff/report.json", "diff/report.md"} <= keys and not any(k.startswith("shards/") for k in keys), keys
+    assert json.loads(store.get("diff/report.json"))["status"] == "fail"
+    passed = extract_s3(s3_url, tmp_path, s3_env, "gate.mode=stop")
+    assert passed.returncode == 0, output(passed)[-3000:]
+    assert json.loads(store.get("diff/report.json"))["status"] != "fail" and store.head("manifest.json") is not None
