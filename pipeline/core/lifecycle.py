@@ -171,10 +171,16 @@ def _replaceable(out: Path | str, record: dict, previous: dict | None, finished:
                          f"{kind.overwrite} removes only {_a(noun)}'s own files: move those first")
 
 
+def keeps_all(plan: Plan, kind: DirKind) -> bool:
+    """Whether `prepare` leaves what the directory holds (on disk or a store): a resume, a finished directory this job
+    wrote already, a replacement by a kind whose writer replaces the files late."""
+    return plan in ("resume", "complete") or (plan == "replace" and kind.replace_late)
+
+
 def prepare(out: Path, record: dict, plan: Plan, kind: DirKind) -> None:
     """Make `out` ready for this job as `inspect` decided (under the same lock, so nothing changed in between)."""
     layout = kind.layout
-    if plan in ("resume", "complete") or (plan == "replace" and kind.replace_late):
+    if keeps_all(plan, kind):
         layout.remove_stale_temps(out)
         return
     done = out / str(layout.done)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable, ContextManager, Iterator, Sequence
 
 from pipeline.core import jsonfile
-from pipeline.core.lifecycle import DirKind, Held, Plan, inspect, refusals
+from pipeline.core.lifecycle import DirKind, Held, Plan, inspect, keeps_all, refusals
 from pipeline.core.lifecycle import held as lifecycle_held
 from pipeline.core.claim import ClaimLost
 from pipeline.core.cli import ConfigError
@@ -224,9 +224,9 @@ class StoreHeld:
         but those it keeps, and the start record written."""
         store, layout = self.target.store(), self.kind.layout
         store.abort_unfinished()
-        if self.plan in ("resume", "complete"):
-            if layout.done is not None and store.head(layout.done) is not None:  # unreadable: inspect found no finish
-                store.delete(layout.done)
+        if keeps_all(self.plan, self.kind):
+            if self.plan == "resume" and layout.done is not None and store.head(layout.done) is not None:
+                store.delete(layout.done)  # unreadable: inspect found no finish
             return
         if layout.done is not None:
             store.delete(layout.done)

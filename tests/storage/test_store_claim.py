@@ -86,3 +86,22 @@ def test_the_holder_that_lost_its_lease_fails_its_check_and_leaves_the_new_one(s
         lease = json.loads(store.get(".lock"))
         assert lease["token"] == new.token and lease["released"] is False
         new.check()
+
+
+def test_preparing_a_finished_export_on_a_store_keeps_it(s3_url, tmp_path):
+    """`prepare` under a plan that keeps what the prefix holds ("complete": the same export finished) removes nothing;
+    only a resume removes a completing object `inspect` could not read."""
+    from pipeline.core import store_dir
+    from pipeline.exports.sidecar import export_dir
+    from pipeline.exports.speculators import FILES
+    from pipeline.exports.target import LEASE
+
+    kind = export_dir(FILES, lease=LEASE)
+    store = open_store(s3_url)
+    store.put("export.json", b'{"sidecar_version": "2"}')
+    store.put("state.json", b"{}")
+    target = store_dir.StoreTarget(url=s3_url, endpoint=None, lock=LEASE, token="t", spool_root=str(tmp_path))
+    for plan in ("complete", "resume"):
+        store_dir.StoreHeld(url=s3_url, out=tmp_path, record={}, plan=plan, kind=kind, target=target).prepare()
+        keys = {o.key for o in store.list()}
+        assert ("export.json" in keys) == (plan == "complete") and "state.json" in keys, (plan, keys)
