@@ -118,7 +118,7 @@ def export_run(run_dir: Path | str, out: Path | str, exporter: Exporter, *, aux:
     plan = plan_slots(exporter.layout, run_points=manifest["points"], num_layers=_num_layers(run, manifest), aux=aux,
                       last=last)
     record = plan_record(run, manifest, exporter.layout, plan)
-    _states_files(exporter, record, states)
+    _check_states(exporter, record, states)
     target_vocab = _draft_vocab(run.name, manifest, exporter.layout.name, record, draft_vocab)
     files = export_files(exporter.files, states=states, draft_vocab=draft_vocab)
     sidecar = build(run, manifest, exporter.layout, plan, record)  # before any file: it cannot fail at the end
@@ -177,7 +177,7 @@ def _num_layers(run: RunAt, manifest: Mapping[str, Any]) -> int:
     return num_layers
 
 
-def _states_files(exporter: Exporter, record: dict, states: str) -> None:
+def _check_states(exporter: Exporter, record: dict, states: str) -> None:
     """Check --states against the layout; a reference export says so in its plan (a rerun with the other choice is
     another export)."""
     if exporter.storage is not None:

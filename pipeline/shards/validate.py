@@ -90,7 +90,7 @@ def all_finite(t: torch.Tensor) -> bool:
         return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
     as_int, bits = _EXPONENT_BITS[t.dtype]
     step = max(1, FINITE_BLOCK_BYTES // max(1, t[:1].numel() * t.element_size()))
-    masked = torch.empty((min(step, len(t)), *t.shape[1:]), dtype=as_int)  # one buffer for every block
+    masked = torch.empty((min(step, len(t)), *t.shape[1:]), dtype=as_int, device=t.device)  # one for every block
     for start in range(0, len(t), step):
         block = t[start:start + step].view(as_int)
         if int(torch.bitwise_and(block, bits, out=masked[:len(block)]).max()) == bits:
