@@ -76,22 +76,23 @@ class RunStates:
         if run.attestation() != sidecar["run_attestation"]:
             raise RunStatesError(f"{run.where(shard_layout.ATTESTATION_NAME)} changed since {self.export_dir} was "
                                  "exported; verify the run and export it again")
-        for rel, want in sidecar["run_files"].items():
-            self._check_file(run, rel, want)
+        for rel, why, found in run.changes(sidecar["run_files"])[:1]:
+            self._refuse_changed(run, rel, why, found, sidecar["run_files"][rel])
         if key is not None:
             self._prove(run, key)
         return sidecar
 
-    def _check_file(self, run: RunAt, rel: str, want: Mapping[str, int]) -> None:
-        why, path = run.changed(rel, want), run.where(rel)
+    def _refuse_changed(self, run: RunAt, rel: str, why: str, found: Mapping[str, Any] | None,
+                        want: Mapping[str, Any]) -> None:
+        path = run.where(rel)
         if why == "missing":
             raise RunStatesError(f"{path} is missing: the run changed since {self.export_dir} was exported")
-        if why == "modified":
-            raise RunStatesError(f"{path} was modified after {self.export_dir} was exported: the run changed "
-                                 f"(python -m pipeline.verify {run.name})")
-        if why is not None:
-            raise RunStatesError(f"{path} is {why} when {self.export_dir} was exported: the run changed "
-                                 f"(python -m pipeline.verify {run.name})")
+        if why == "resized":
+            raise RunStatesError(f"{path} is {(found or {}).get('bytes')} bytes, {want['bytes']} when "
+                                 f"{self.export_dir} was exported: the run changed (python -m pipeline.verify "
+                                 f"{run.name})")
+        raise RunStatesError(f"{path} was modified after {self.export_dir} was exported: the run changed "
+                             f"(python -m pipeline.verify {run.name})")
 
     @staticmethod
     def _prove(run: RunAt, key: str | Path) -> None:

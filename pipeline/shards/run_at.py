@@ -56,33 +56,39 @@ class RunAt:
     def fingerprint(self, manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         """Every file the manifest lists (its shards): {"bytes", "mtime_ns"} on disk, {"bytes", "etag"} in a bucket."""
         rels = sorted({rel for entry in manifest["shards"] for rel in entry["files"]})
-        if self.store is not None:
-            listing = {o.key: o for o in self.store.list(layout.SHARDS_DIR + "/")}  # a verified run: every one there
-            return {rel: {"bytes": listing[rel].size, "etag": listing[rel].etag} for rel in rels}
-        out = {}
-        for rel in rels:
-            st = os.stat(Path(self.location) / rel)
-            out[rel] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+        found = self._now(rels)
+        if missing := [rel for rel in rels if rel not in found]:
+            raise FileNotFoundError(f"{self.where(missing[0])} is missing (the manifest lists it)")
+        return found
+
+    def changes(self, fingerprint: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, dict[str, Any] | None]]:
+        """(file, why, what is there now) for each file of `fingerprint` that is not the one it records, in its order:
+        why is "missing", "resized" or "modified" (the same size, another mtime or ETag)."""
+        version = "etag" if self.store is not None else "mtime_ns"
+        now = self._now(list(fingerprint))
+        out = []
+        for rel, want in fingerprint.items():
+            found = now.get(rel)
+            why = "missing" if found is None else "resized" if found["bytes"] != want["bytes"] else \
+                "modified" if found[version] != want.get(version) else None
+            if why is not None:
+                out.append((rel, why, found))
         return out
 
-    def changed(self, rel: str, want: Mapping[str, Any]) -> str | None:
-        """Why the file `rel` is not the one fingerprinted as `want` ("missing", "N bytes", "modified"); None if it
-        is."""
+    def _now(self, rels: list[str]) -> dict[str, dict[str, Any]]:
+        """The fingerprint of each of `rels` that is there. In a bucket the shards are listed once (a thousand keys a
+        request), not asked for one by one: a trainer's every data loader worker checks them as it starts."""
         if self.store is not None:
-            info = self.store.head(rel)
-            found = None if info is None else {"bytes": info.size, "etag": info.etag}
-        else:
+            listing = {o.key: o for o in self.store.list(layout.SHARDS_DIR + "/")}
+            return {rel: {"bytes": listing[rel].size, "etag": listing[rel].etag} for rel in rels if rel in listing}
+        out = {}
+        for rel in rels:
             try:
                 st = os.stat(Path(self.location) / rel)
-                found = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
             except FileNotFoundError:
-                found = None
-        if found is None:
-            return "missing"
-        if found["bytes"] != want["bytes"]:
-            return f"{found['bytes']} bytes, {want['bytes']}"
-        version = "etag" if self.store is not None else "mtime_ns"
-        return None if found[version] == want.get(version) else "modified"
+                continue
+            out[rel] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+        return out
 
     def where(self, rel: str) -> str:
         return f"{self.store.url}/{rel}" if self.store is not None else str(Path(self.location) / rel)

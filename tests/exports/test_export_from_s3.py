@@ -80,6 +80,10 @@ def test_an_object_changed_since_the_export_is_refused_at_the_start(llama_run, s
     with pytest.raises(RunStatesError, match=rf"{re.escape(f'{s3_url}/{rel}')} was modified after"):
         states.check()
     store.delete(rel)
+    store.put(rel, bytes(data[:-1]))
+    with pytest.raises(RunStatesError, match=rf"{re.escape(f'{s3_url}/{rel}')} is {len(data) - 1} bytes, {len(data)} "):
+        states.check()
+    store.delete(rel)
     with pytest.raises(RunStatesError, match=rf"{re.escape(f'{s3_url}/{rel}')} is missing"):
         states.check()
     store.delete("manifest.json")

@@ -177,6 +177,9 @@ def test_a_run_changed_since_the_export_is_refused_at_the_start(own_run, tmp_pat
     shard.write_bytes(bytes(data))  # same size, new mtime
     with pytest.raises(RunStatesError, match=rf"{re.escape(str(shard))} was modified after"):
         RunStates(ref).check()
+    shard.write_bytes(bytes(data) + b"\0")
+    with pytest.raises(RunStatesError, match=rf"{re.escape(str(shard))} is {len(data) + 1} bytes, {len(data)} when "):
+        RunStates(ref).check()
     shard.unlink()
     with pytest.raises(RunStatesError, match=rf"{re.escape(str(shard))} is missing"):
         RunStates(ref).check()
