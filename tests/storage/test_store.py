@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core import s3 as s3mod
+from pipeline.core import storage
 from pipeline.core.local_store import LocalStore
 from pipeline.core.storage import Exists, Stale, StorageError
 from pipeline.core.stores import open_store
@@ -83,6 +84,17 @@ def test_ranged_reads_and_listing(store):
     listed = {o.key: o.size for o in store.list("shards/")}
     assert listed == {"shards/shard-00000.safetensors": len(data), "shards/shard-00001.safetensors": 1}
     assert [o.key for o in store.list()] == ["manifest.json", *sorted(listed)]
+
+
+@pytest.mark.parametrize("size", [0, 1000, 4096, 4096 * 5 + 7])
+def test_an_object_is_copied_to_a_file_by_ranges_read_at_once(store, tmp_path, monkeypatch, size):
+    """`download` reads an object in CHUNK_BYTES ranges, several at once, each written at its offset: the file is the
+    object's bytes whether it is empty, one range, exactly one range, or ranges and a part of one."""
+    monkeypatch.setattr(storage, "CHUNK_BYTES", 4096)
+    data = os.urandom(size)
+    store.put("shards/big.safetensors", data)
+    storage.download(store, "shards/big.safetensors", tmp_path / "copy" / "big.safetensors", size)
+    assert (tmp_path / "copy" / "big.safetensors").read_bytes() == data
 
 
 def _file(path: Path, size: int) -> str:
