@@ -30,8 +30,11 @@ from pipeline.core.faults import fault_point
 from pipeline.core.s3_errors import PastTheEnd, ours
 from pipeline.core.storage import Exists, ObjectInfo, Stale, StorageError, StorageFailed
 
-PART_BYTES = 32 << 20  # a multipart upload's part; with UPLOAD_THREADS, what an upload holds in memory at most
-UPLOAD_THREADS = 4
+# A multipart upload's part and how many are sent at once (what an upload holds in memory at most: 64 MiB). boto3's
+# own defaults are 8 MiB parts on 10 threads; bench/s3_write.py measured 32 MiB on 4 threads at 0.63x the raw upload
+# rate, 8 MiB on 8 at 0.78-0.83x (bench/README.md "s3_write"). S3's smallest part is 5 MiB.
+PART_BYTES = 8 << 20
+UPLOAD_THREADS = 8
 _MAX_PARTS = 10_000  # S3's limit
 
 # botocore logs at INFO which credential source it found ("Found credentials in environment variables."): a line in

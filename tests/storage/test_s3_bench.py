@@ -19,7 +19,9 @@ def test_the_s3_bench_runs_and_the_upload_memory_stays_bounded():
     assert found, done.stdout
     upload, peak, bound, read = map(float, found.groups())
     assert upload > 0 and read > 0  # rates, measured; their goals live in the bench's figures, not in a timed test
-    assert peak <= bound * 1.25, f"a 160 MB upload grew the process by {peak} MB; parts in flight are {bound} MB"
+    # the parts in flight and a fixed allowance for the client (its threads, connections and buffers: ~20 MB measured
+    # at 1 GB as at 160 MB); the whole file held would be 160 MB
+    assert peak <= bound + 40, f"a 160 MB upload grew the process by {peak} MB; parts in flight are {bound} MB"
 
 
 def test_the_s3_write_bench_runs_and_the_writers_memory_stays_bounded():
