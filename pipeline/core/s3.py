@@ -28,11 +28,11 @@ from botocore.config import Config
 
 from pipeline.core.faults import fault_point
 from pipeline.core.s3_errors import PastTheEnd, ours
-from pipeline.core.storage import Exists, ObjectInfo, Stale, StorageError, StorageFailed
+from pipeline.core.storage import REQUESTS_AT_ONCE, Exists, ObjectInfo, Stale, StorageError, StorageFailed
 
 # A multipart upload's part and how many are sent at once (what an upload holds in memory at most: 64 MiB). boto3's
 # own defaults are 8 MiB parts on 10 threads; bench/s3_write.py measured 32 MiB on 4 threads at 0.63x the raw upload
-# rate, 8 MiB on 8 at 0.78-0.83x (bench/README.md "s3_write"). S3's smallest part is 5 MiB.
+# rate, 8 MiB on 8 at 0.69-0.83x (bench/README.md "s3_write"). S3's smallest part is 5 MiB.
 PART_BYTES = 8 << 20
 UPLOAD_THREADS = 8
 _MAX_PARTS = 10_000  # S3's limit
@@ -84,7 +84,7 @@ class S3Store:
             self.client = boto3.session.Session().client(
                 "s3", endpoint_url=endpoint or None,
                 config=Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10, read_timeout=120,
-                              max_pool_connections=2 * UPLOAD_THREADS))
+                              max_pool_connections=UPLOAD_THREADS + REQUESTS_AT_ONCE))
         except botocore.exceptions.BotoCoreError as e:  # a profile that does not exist
             raise StorageError(f"{self.url}: {type(e).__name__}: {e}") from None
         except ValueError:  # botocore's "Invalid endpoint: <the URL as given>" would show its userinfo

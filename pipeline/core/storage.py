@@ -20,7 +20,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Callable, Iterable, Iterator, Protocol, TypeVar
 
 from pipeline.core.cli import RunFailed, UsageError
 
@@ -78,9 +78,22 @@ def chunks(store: Store, key: str, size: int) -> Iterator[bytes]:
         yield store.get(key, start, min(size, start + CHUNK_BYTES))
 
 
+# Round trips a reader keeps in flight (a resume judging the finished units, a reader opening the shards' indexes):
+# a few ms each on loopback, tens across a network, so thousands of them one at a time are minutes. The S3 client's
+# connection pool holds these besides an upload's parts (pipeline/core/s3.py).
+REQUESTS_AT_ONCE = 8
 # Ranged reads of one object in flight at once when it is copied to a file: a connection to S3 carries about 100 MB/s,
 # so a verify or a copy of a large object reads several ranges at once. With CHUNK_BYTES, what a copy holds in memory.
 DOWNLOAD_THREADS = 4
+_T, _R = TypeVar("_T"), TypeVar("_R")
+
+
+def in_order(fn: Callable[[_T], _R], items: Iterable[_T], *, threads: int = REQUESTS_AT_ONCE,
+             name: str = "requests") -> Iterator[_R]:
+    """`fn(item)` for every item, `threads` at once, yielded in the items' order; an item's exception is raised at
+    its turn (the items after it may have run)."""
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name) as pool:
+        yield from pool.map(fn, items)
 
 
 def download(store: Store, key: str, path: Path, size: int) -> None:
@@ -89,14 +102,13 @@ def download(store: Store, key: str, path: Path, size: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
         if size <= CHUNK_BYTES:
-            f.write(store.get(key, 0, size) if size else b"")
+            f.write(store.get(key, 0, size))
             return
 
         def one(start: int) -> None:
             os.pwrite(f.fileno(), store.get(key, start, min(size, start + CHUNK_BYTES)), start)
-        with ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS, thread_name_prefix="download") as pool:
-            for _ in pool.map(one, range(0, size, CHUNK_BYTES)):
-                pass
+        for _ in in_order(one, range(0, size, CHUNK_BYTES), threads=DOWNLOAD_THREADS, name="download"):
+            pass
 
 
 def is_url(location: str | os.PathLike) -> bool:

@@ -42,9 +42,7 @@ def check_room(out: Path, units: Sequence[Sequence[Conversation]], *, max_length
     ConfigError with both figures when they may not fit. A resumed regeneration counts only the parts without their
     marker; a replacement (overwrite) frees what the directory holds first."""
     left = [u for i, u in enumerate(units) if overwrite or not rd.part_paths(out, i)["marker"].is_file()]
-    need, free = bound_bytes(left, max_length), free_bytes(out)
-    if free is not None and overwrite and (out / rd.RECORDS_DIR).is_dir():
-        free += sum(p.stat().st_size for p in (out / rd.RECORDS_DIR).iterdir() if p.is_file())
+    need, free = bound_bytes(left, max_length), free_bytes(out, freed=out / rd.RECORDS_DIR if overwrite else None)
     line = (f"regeneration: {len(left)} of {len(units)} part(s) left to write, at most {gib(need)} (each turn's "
             f"prompt and answer at data.max_length={max_length} tokens); out_dir's file system has "
             f"{'an unknown amount' if free is None else gib(free)} free")

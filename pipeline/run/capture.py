@@ -5,7 +5,6 @@ finished ones. `compute` is the engine's capture, `write` validates every captur
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Callable, Mapping, Sequence
 from pipeline.core.contracts import CPU_THREADS, Capture, PreparedSample, Reject
 from pipeline.core.lifecycle import check_lease
 from pipeline.core.stfile import read_header, read_header_ranged
+from pipeline.core.storage import in_order
 from pipeline.core.store_dir import StoreTarget
 from pipeline.data.prepare import read_rejects, write_rejects
 from pipeline.engines.base import Engine
@@ -172,10 +172,9 @@ def mixed_threads(shard_metadata: Callable[[str], Mapping[str, str]], finished: 
     def threads_of(entry: ShardEntry) -> str | None:
         return shard_metadata(next(name for name in entry.files if name.endswith(".safetensors"))).get(CPU_THREADS)
     then: dict[str, list[str]] = {}
-    with ThreadPoolExecutor(max_workers=RESUME_THREADS) as pool:  # on a store: two requests a shard
-        for entry, threads in zip(entries, pool.map(threads_of, entries)):
-            if threads is not None and threads != now:
-                then.setdefault(threads, []).append(entry.name)
+    for entry, threads in zip(entries, in_order(threads_of, entries, threads=RESUME_THREADS)):  # a store: 2 requests
+        if threads is not None and threads != now:
+            then.setdefault(threads, []).append(entry.name)
     if not then:
         return None
     earlier = "; ".join(f"{', '.join(names)} with {threads}" for threads, names in sorted(then.items()))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from pipeline.core.contracts import Reject
+from pipeline.core.storage import REQUESTS_AT_ONCE, in_order
 from pipeline.engines.base import Engine
 
 
@@ -59,8 +60,8 @@ class StagePlan(Protocol):
 
 # Units judged at once on a resume: on a store each is a few round trips (its marker, its files' sizes, its rejects),
 # on disk a full read (its sha256). One at a time, a run of 10,000 units in a bucket spent minutes before its first
-# new unit (bench/README.md, resume). Eight: the S3 client's connection pool (pipeline/core/s3.py).
-RESUME_THREADS = 8
+# new unit (bench/README.md, resume; the bench sets this to compare).
+RESUME_THREADS = REQUESTS_AT_ONCE
 
 
 def unfinished_units(run_dir: Path, num_units: int, on_finished: Callable[[Any], None],
@@ -68,12 +69,12 @@ def unfinished_units(run_dir: Path, num_units: int, on_finished: Callable[[Any],
     """Indices of the units still to run; each unit finished by an earlier invocation (as `plan` judges it) goes to
     `on_finished`, in order."""
     todo = []
-    with ThreadPoolExecutor(max_workers=RESUME_THREADS, thread_name_prefix="resume") as pool:
-        for index, finished in enumerate(pool.map(lambda i: plan.finished(run_dir, i), range(num_units))):
-            if finished is None:
-                todo.append(index)
-            else:
-                on_finished(finished)
+    judged = in_order(lambda i: plan.finished(run_dir, i), range(num_units), threads=RESUME_THREADS, name="resume")
+    for index, finished in enumerate(judged):
+        if finished is None:
+            todo.append(index)
+        else:
+            on_finished(finished)
     return todo
 
 

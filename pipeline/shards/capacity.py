@@ -69,9 +69,7 @@ def plan(units: Sequence[Sequence[int]], out_dir: Path, *, per_token: int, repla
     left = [i for i in range(len(units)) if replacing or not finished(i)]
     tokens_left = sum(sum(units[i]) for i in left)
     samples_left = sum(len(units[i]) for i in left)
-    free = free_bytes(out_dir)
-    if free is not None and replacing and writers is None and (out_dir / SHARDS_DIR).is_dir():
-        free += sum(p.stat().st_size for p in (out_dir / SHARDS_DIR).iterdir() if p.is_file())
+    free = free_bytes(out_dir, freed=out_dir / SHARDS_DIR if replacing and writers is None else None)
     largest = sorted((_bytes(sum(units[i]), len(units[i]), 1, per_token) - RUN_EXTRA for i in left), reverse=True)
     return Capacity(tokens=sum(map(sum, units)), samples=sum(map(len, units)), shards=len(units),
                     tokens_left=tokens_left, shards_left=len(left), state_bytes_per_token=per_token,
@@ -79,15 +77,19 @@ def plan(units: Sequence[Sequence[int]], out_dir: Path, *, per_token: int, repla
                     free_bytes=free, in_flight_bytes=None if writers is None else sum(largest[:writers]))
 
 
-def free_bytes(out_dir: Path) -> int | None:
-    """Free bytes on the file system `out_dir` will be on (it may not exist yet)."""
+def free_bytes(out_dir: Path, *, freed: Path | None = None) -> int | None:
+    """Free bytes on the file system `out_dir` will be on (it may not exist yet), with the files of the folder
+    `freed` counted as free (a replacement removes them first)."""
     where = Path(out_dir).absolute()
     while not where.exists() and where != where.parent:
         where = where.parent
     try:
-        return shutil.disk_usage(where).free
+        free = shutil.disk_usage(where).free
     except OSError:
         return None
+    if freed is not None and freed.is_dir():
+        free += sum(p.stat().st_size for p in freed.iterdir() if p.is_file())
+    return free
 
 
 def gib(n: int) -> str:

@@ -7,7 +7,6 @@ them in: fp8-stored states are dequantized with their scales (pipeline/shards/st
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -17,6 +16,7 @@ import pyarrow.parquet as pq
 from safetensors import safe_open
 
 from pipeline.core.jsonfile import parse
+from pipeline.core.storage import in_order
 from pipeline.core.stores import store_of
 from pipeline.shards import layout
 from pipeline.shards.manifest import read_manifest
@@ -24,11 +24,6 @@ from pipeline.shards.ranged import RangedShard
 from pipeline.shards.formats import shard_storage
 from pipeline.shards.storage import of_manifest
 from pipeline.shards.writer import ShardEntry
-
-
-# Shard indexes read at once when a reader opens: in a bucket each is a round trip, and every data loader worker of a
-# trainer opens its own reader (a run of 10,000 shards 20 ms away: 200 s one at a time). Eight: the S3 client's pool.
-INDEX_THREADS = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,9 +57,10 @@ class RunReader:
         self._tensor_keys = [_file_of(e, layout.SHARD_SUFFIXES["safetensors"]) for e in self.entries]
         self._index: dict[str, _Location] = {}
         parquets = [_file_of(entry, layout.SHARD_SUFFIXES["parquet"]) for entry in self.entries]
-        with ThreadPoolExecutor(max_workers=INDEX_THREADS) as pool:  # in a bucket, a round trip each
-            for shard, (parquet, table) in enumerate(zip(parquets, pool.map(self._read_index, parquets))):
-                self._index_shard(shard, parquet, table)
+        # in a bucket a round trip each, and every data loader worker of a trainer opens its own reader (10,000
+        # shards 20 ms away: 200 s one at a time)
+        for shard, (parquet, table) in enumerate(zip(parquets, in_order(self._read_index, parquets))):
+            self._index_shard(shard, parquet, table)
         self._handles: dict[int, Any] = {}
 
     def _read_index(self, parquet: str) -> dict[str, list]:

@@ -93,7 +93,7 @@ def all_finite(t: torch.Tensor) -> bool:
     masked = torch.empty((min(step, len(t)), *t.shape[1:]), dtype=as_int, device=t.device)  # one for every block
     for start in range(0, len(t), step):
         block = t[start:start + step].view(as_int)
-        if int(torch.bitwise_and(block, bits, out=masked[:len(block)]).max()) == bits:
+        if int(torch.amax(torch.bitwise_and(block, bits, out=masked[:len(block)]))) == bits:
             return False
     return True
 

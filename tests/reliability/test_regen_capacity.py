@@ -67,3 +67,16 @@ def test_the_bound_counts_each_turn_and_a_resume_only_the_parts_left(tmp_path):
     marker.write_text("{}")
     assert "1 of 2 part(s) left to write" in check_room(out, units, max_length=100, overwrite=False)
     assert "2 of 2 part(s) left to write" in check_room(out, units, max_length=100, overwrite=True)
+
+
+def test_a_replacement_counts_the_folder_it_frees_as_free(small_fs):
+    """`free_bytes(out, freed=folder)`: what the replacement removes first is free to it (extract's shards/, a
+    regeneration's records/); nothing else under out_dir is."""
+    from pipeline.shards.capacity import free_bytes
+
+    (small_fs / "records").mkdir()
+    (small_fs / "records" / "part-00000.parquet").write_bytes(b"x" * (1 << 20))
+    (small_fs / "kept.bin").write_bytes(b"y" * (1 << 20))
+    free = free_bytes(small_fs)
+    assert free_bytes(small_fs, freed=small_fs / "records") == free + (1 << 20)
+    assert free_bytes(small_fs, freed=small_fs / "no-such-folder") == free
