@@ -75,8 +75,23 @@ class Seaweed:
                 sock.unlink(missing_ok=True)
 
 
-def start(root: Path, *, timeout: float = 60.0) -> Seaweed:
-    """SeaweedFS on loopback holding bucket `runs`, answering S3 once this returns."""
+def start(root: Path, *, timeout: float = 60.0, attempts: int = 3) -> Seaweed:
+    """SeaweedFS on loopback holding bucket `runs`, answering S3 once this returns. Its ports are found free and then
+    given to it, so another process (a test on the other worker) may take one in between: a server that exits, or
+    whose S3 port another process answers on, is stopped and started again on other ports."""
+    for attempt in range(attempts):
+        try:
+            return _start_once(root / f"try-{attempt}" if attempt else root, timeout)
+        except _PortTaken:
+            continue
+    raise RuntimeError(f"SeaweedFS did not get free ports in {attempts} attempts: see {root}/**/weed.log")
+
+
+class _PortTaken(Exception):
+    pass
+
+
+def _start_once(root: Path, timeout: float) -> Seaweed:
     ports = dict(zip(_PORTS, _free_ports(len(_PORTS))))
     root.mkdir(parents=True, exist_ok=True)
     log = root / "weed.log"
@@ -96,9 +111,27 @@ def start(root: Path, *, timeout: float = 60.0) -> Seaweed:
     while not _answers(server):
         if process.poll() is not None or time.monotonic() > deadline:
             server.stop()
-            raise RuntimeError(f"SeaweedFS did not start: {log.read_text(errors='replace')[-2000:]}")
+            said = log.read_text(errors="replace")
+            if "Port allocation failed" in said or "address already in use" in said:
+                raise _PortTaken()
+            raise RuntimeError(f"SeaweedFS did not start: {said[-2000:]}")
         time.sleep(0.5)
+    if not _listens(process.pid, ports["s3.port"]):  # what answered is another process on the port found free
+        server.stop()
+        raise _PortTaken()
     return server
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process `pid` holds the listening TCP socket of `port` (Linux's /proc)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    fds = Path(f"/proc/{pid}/fd")
+    return any(os.readlink(fd) in inodes for fd in fds.iterdir())
 
 
 def _answers(server: Seaweed) -> bool:
