@@ -98,16 +98,25 @@ def in_order(fn: Callable[[_T], _R], items: Iterable[_T], *, threads: int = REQU
 
 def download(store: Store, key: str, path: Path, size: int) -> None:
     """The object `key` of `size` bytes into the file `path`, by ranged reads of CHUNK_BYTES, DOWNLOAD_THREADS at
-    once, each written at its offset (memory bounded by DOWNLOAD_THREADS chunks, whatever the object's size)."""
+    once, each written at its offset (memory bounded by DOWNLOAD_THREADS chunks, whatever the object's size).
+    StorageFailed when the object is no longer `size` bytes (replaced since it was listed): no silently short or
+    truncated copy."""
     path.parent.mkdir(parents=True, exist_ok=True)
+
+    def read(start: int) -> bytes:
+        end = min(size, start + CHUNK_BYTES)
+        data = store.get(key, start, end + (end == size))  # one byte past the end: an object grown since is seen
+        if len(data) != end - start:
+            raise StorageFailed(f"{store.url}/{key}: {'more' if len(data) > end - start else 'fewer'} bytes than the "
+                                f"{size} it had when listed: the object changed while it was copied; rerun")
+        return data
+
     with open(path, "wb") as f:
         if size <= CHUNK_BYTES:
-            f.write(store.get(key, 0, size))
+            f.write(read(0))
             return
-
-        def one(start: int) -> None:
-            os.pwrite(f.fileno(), store.get(key, start, min(size, start + CHUNK_BYTES)), start)
-        for _ in in_order(one, range(0, size, CHUNK_BYTES), threads=DOWNLOAD_THREADS, name="download"):
+        for _ in in_order(lambda start: os.pwrite(f.fileno(), read(start), start), range(0, size, CHUNK_BYTES),
+                          threads=DOWNLOAD_THREADS, name="download"):
             pass
 
 

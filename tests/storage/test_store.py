@@ -16,7 +16,7 @@ import pytest
 from pipeline.core import s3 as s3mod
 from pipeline.core import storage
 from pipeline.core.local_store import LocalStore
-from pipeline.core.storage import Exists, Stale, StorageError
+from pipeline.core.storage import Exists, Stale, StorageError, StorageFailed
 from pipeline.core.stores import open_store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,6 +96,17 @@ def test_an_object_is_copied_to_a_file_by_ranges_read_at_once(store, tmp_path, m
     storage.download(store, "shards/big.safetensors", tmp_path / "copy" / "big.safetensors", size)
     assert (tmp_path / "copy" / "big.safetensors").read_bytes() == data
 
+
+
+@pytest.mark.parametrize("listed", [1000 - 1, 1000 + 1, 4096 * 3 - 5, 4096 * 3 + 5])
+def test_an_object_replaced_since_it_was_listed_is_not_copied_short_or_cut(store, tmp_path, monkeypatch, listed):
+    """The size `download` was told (the listing's) and the object's differ: a failure naming the object, never a
+    file holding a part of it (or a hole of zeros where the ranges ran past its end)."""
+    monkeypatch.setattr(storage, "CHUNK_BYTES", 4096)
+    actual = 1000 if listed < 2000 else 4096 * 3
+    store.put("data/prompts.jsonl", os.urandom(actual))
+    with pytest.raises(StorageFailed, match=r"data/prompts\.jsonl: (more|fewer) bytes than the .* changed while it"):
+        storage.download(store, "data/prompts.jsonl", tmp_path / "copy.jsonl", listed)
 
 def _file(path: Path, size: int) -> str:
     block = hashlib.sha256(b"seed").digest() * (1 << 15)  # 1 MiB of bytes no part repeats by accident
