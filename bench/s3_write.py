@@ -1,6 +1,7 @@
 """The writer's path to object storage against the raw upload of the same bytes, on SeaweedFS on loopback (#38 item 5).
 
     .venv/bin/python bench/s3_write.py [--tokens-per-unit 4096] [--units 4] [--repeats 3] [--server-dir DIR]
+                                       [--link-mbps N]
 
 The units of a run at Kimi-K2.5's width (hidden 7168 x 5 points, bf16) are captured once per round by
 bench/wide_engine.py's stand-in engine behind `RemoteEngine` (as bench/kimi_width.py), kept in memory, then written
@@ -12,10 +13,13 @@ elsewhere, its disk with the client):
   the local spool, then published (`CaptureStage.publish`: lease checked, create-only uploads, marker);
 - raw: the files the local round wrote, uploaded one by one with boto3's own `upload_file` through the store's client
   (its default transfer settings): the rate the same bytes reach the same server with nothing of ours around them.
-Figures are GB/s of captured states (10^9 bytes). Ratio s3 / raw per round, its median (the goal: >= 0.8). Peak RSS
-of the local and s3 rounds above the process's resident size before each (the captures are already in memory): the
-s3 path's is the upload's parts in flight (PART_BYTES x UPLOAD_THREADS) and the client's buffers. The last line reads
-`s3_write: ratio=R local_gbs=L s3_gbs=S raw_gbs=W peak_local_mib=A peak_s3_mib=B parts_mib=C`.
+--link-mbps N sends every request's body of the process through one link of N MB/s (a token bucket shared by all
+threads and clients), standing for a node's link to a bucket across a network: the upload is then bound by the link,
+not by the CPU the client and the server share on loopback. Figures are GB/s of captured states (10^9 bytes). Ratio
+s3 / raw per round, its median (the goal: >= 0.8). Peak RSS of the local and s3 rounds above the process's resident size
+before each (the captures are already in memory): the s3 path's is the upload's parts in flight (PART_BYTES x
+UPLOAD_THREADS) and the client's buffers. The last line reads `s3_write: ratio=R local_gbs=L s3_gbs=S raw_gbs=W
+peak_local_mib=A peak_s3_mib=B parts_mib=C`.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -58,6 +63,32 @@ class Replayed:
 
     def publish(self, run_dir, result):
         return self.stage.publish(run_dir, result)
+
+
+class Link:
+    """One link of `mbps` MB/s that every request body crosses in turn (botocore's before-send event)."""
+
+    def __init__(self, mbps: float) -> None:
+        self.rate, self.lock, self.free_at = mbps * 1e6, threading.Lock(), 0.0
+
+    def __call__(self, request, **_) -> None:
+        size = int(request.headers.get("Content-Length") or 0)
+        with self.lock:
+            self.free_at = max(time.monotonic(), self.free_at) + size / self.rate
+            until = self.free_at
+        time.sleep(max(0.0, until - time.monotonic()))
+
+
+def through(link: Link) -> None:
+    """Every S3 client the process makes from now on sends through `link`."""
+    from pipeline.core import s3
+
+    made = s3.S3Store.__init__
+
+    def init(self, *args, **kwargs) -> None:
+        made(self, *args, **kwargs)
+        self.client.meta.events.register("before-send.s3", link)
+    s3.S3Store.__init__ = init
 
 
 def check(result) -> None:
@@ -112,6 +143,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--server-dir", default=None,
                     help="where SeaweedFS keeps its data (default: the bench's temp dir, on the client's disk)")
+    ap.add_argument("--link-mbps", type=float, default=None,
+                    help="every request body through one link of this many MB/s (a bucket across a network)")
     return ap.parse_args()
 
 
@@ -125,6 +158,8 @@ def main() -> None:
     from pipeline.shards.plan import plan_units
     from tests.helpers import seaweed
 
+    if args.link_mbps:
+        through(Link(args.link_mbps))
     samples = synthetic_samples(args.tokens_per_unit * args.units)
     units = plan_units(samples, max_tokens_per_shard=args.tokens_per_unit, max_samples_per_shard=1024)
     states = sum(unit_bytes_of(u) for u in units)

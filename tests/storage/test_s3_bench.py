@@ -27,9 +27,11 @@ def test_the_s3_bench_runs_and_the_upload_memory_stays_bounded():
 def test_the_s3_write_bench_runs_and_the_writers_memory_stays_bounded():
     """bench/s3_write.py (units written to a bucket as extract writes them, against the raw upload of the same bytes)
     at its smallest size; the S3 path's peak memory above the local writer's is at most the upload's parts in flight
-    plus a margin for the client's own buffers (a size, not a timing)."""
+    plus a margin for the client's own buffers (a size, not a timing). Through a 100 MB/s link (`--link-mbps`), no
+    upload beats the link."""
     done = subprocess.run([sys.executable, "bench/s3_write.py", "--tokens-per-unit", "512", "--units", "2",
-                           "--repeats", "1"], cwd=REPO, capture_output=True, text=True, timeout=900)
+                           "--repeats", "1", "--link-mbps", "100"], cwd=REPO, capture_output=True, text=True,
+                          timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
     found = re.fullmatch(r"s3_write: ratio=([\d.]+) local_gbs=([\d.]+) s3_gbs=([\d.]+) raw_gbs=([\d.]+) "
@@ -37,6 +39,7 @@ def test_the_s3_write_bench_runs_and_the_writers_memory_stays_bounded():
     assert found, done.stdout
     ratio, local, s3, raw, peak_local, peak_s3, parts = map(float, found.groups())
     assert min(ratio, local, s3, raw) > 0
+    assert max(s3, raw) <= 0.1 * 1.01, f"uploads at {s3} and {raw} GB/s of states through a link of 0.1 GB/s"
     assert peak_s3 <= peak_local + parts + 64, f"the S3 path grew the process by {peak_s3} MiB ({peak_local} local)"
 
 
