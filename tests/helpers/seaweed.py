@@ -130,8 +130,14 @@ def _listens(pid: int, port: int) -> bool:
             fields = line.split()
             if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
                 inodes.add(f"socket:[{fields[9]}]")
-    fds = Path(f"/proc/{pid}/fd")
-    return any(os.readlink(fd) in inodes for fd in fds.iterdir())
+    return any(_link(fd) in inodes for fd in Path(f"/proc/{pid}/fd").iterdir())
+
+
+def _link(fd: Path) -> str | None:
+    try:
+        return os.readlink(fd)
+    except OSError:  # closed while the listing was read (a connection of the server's own)
+        return None
 
 
 def _answers(server: Seaweed) -> bool:

@@ -97,7 +97,6 @@ def test_an_object_is_copied_to_a_file_by_ranges_read_at_once(store, tmp_path, m
     assert (tmp_path / "copy" / "big.safetensors").read_bytes() == data
 
 
-
 @pytest.mark.parametrize("listed", [1000 - 1, 1000 + 1, 4096 * 3 - 5, 4096 * 3 + 5])
 def test_an_object_replaced_since_it_was_listed_is_not_copied_short_or_cut(store, tmp_path, monkeypatch, listed):
     """The size `download` was told (the listing's) and the object's differ: a failure naming the object, never a
@@ -107,6 +106,7 @@ def test_an_object_replaced_since_it_was_listed_is_not_copied_short_or_cut(store
     store.put("data/prompts.jsonl", os.urandom(actual))
     with pytest.raises(StorageFailed, match=r"data/prompts\.jsonl: (more|fewer) bytes than the .* changed while it"):
         storage.download(store, "data/prompts.jsonl", tmp_path / "copy.jsonl", listed)
+
 
 def _file(path: Path, size: int) -> str:
     block = hashlib.sha256(b"seed").digest() * (1 << 15)  # 1 MiB of bytes no part repeats by accident
