@@ -6,7 +6,9 @@ For each case, a run, its full export and its reference export (speculators layo
 - `<model>`: a real run of the model group (HF engine, bf16, the bundled conversations, --samples of them; SmolLM2
   captures no bN, so the exports derive it: --last final_norm);
 - `kimi-bf16`, `kimi-fp8`: synthetic runs at Kimi-K2.5's width (7168 x 5 points: b0, b3, b31, b59, bN of a 61-layer
-  model; random states, --tokens tokens in samples of 256-2048), stored as captured and in float8_e4m3fn.
+  model; random states, --tokens tokens in samples of 256-2048), stored as captured and in float8_e4m3fn;
+- `kimi-norm`: the same with the Kimi recipe's own points (its last final_norm, which is what SGLang captures: the
+  exports derive the last slot, --last final_norm, the reference export on every read).
 Bytes on disk (sum of file sizes) of the run, the full export and the reference export, against the floor: the tokens
 the trainer reads x its slots x the width x 2 bytes (bf16, what it is handed). Goals: run + reference <= 1.02 x the run;
 fp8 run + reference <= 0.3 x (bf16 run + full export), today's path.
@@ -41,8 +43,25 @@ def du(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
-def synthetic_run(run: Path, num_tokens: int, storage_dtype: str | None) -> None:
-    """A finished run of random bf16 states at Kimi's width (manifest as extract writes it, attestation left out)."""
+def checkpoint(where: Path):
+    """The final norm of a Kimi-width checkpoint (all `--last final_norm` reads of it): config.json and the weight."""
+    import torch
+    from safetensors.torch import save_file
+
+    from pipeline.models.checkpoint import CheckpointTensors
+
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "hidden_size": KIMI_HIDDEN,
+                                                   "num_hidden_layers": KIMI_LAYERS, "rms_norm_eps": 1e-6}))
+    weight = torch.rand(KIMI_HIDDEN, generator=torch.Generator().manual_seed(1)) + 0.5
+    save_file({"model.norm.weight": weight.to(torch.bfloat16)}, str(where / "model.safetensors"))
+    return CheckpointTensors(where)
+
+
+def synthetic_run(run: Path, num_tokens: int, storage_dtype: str | None, final_norm: bool = False) -> None:
+    """A finished run of random bf16 states at Kimi's width (manifest as extract writes it, attestation left out);
+    with `final_norm`, the Kimi recipe's points (its last one final_norm: SGLang captures no bN), made by the norm of
+    a checkpoint written beside the run."""
     import torch
     from common import synthetic_samples
 
@@ -54,25 +73,33 @@ def synthetic_run(run: Path, num_tokens: int, storage_dtype: str | None) -> None
     from pipeline.shards.writer import write_shard
 
     gen = torch.Generator().manual_seed(0)
+    points, norm = (KIMI_POINTS[:-1] + ["final_norm"], checkpoint(run.parent / f"{run.name}-model")) if final_norm \
+        else (KIMI_POINTS, None)
+
+    def states(num: int) -> torch.Tensor:
+        x = torch.randn(num, len(points), KIMI_HIDDEN, generator=gen)
+        if norm is not None:
+            x[:, -1] = norm.final_norm(x[:, -1] * 30)
+        return x.to(torch.bfloat16)
+
     samples = synthetic_samples(num_tokens, vocab=150_000)
     entries = []
     for index, unit in enumerate(plan_units(samples, max_tokens_per_shard=16384, max_samples_per_shard=4096)):
-        items = [(s, Capture(sample_id=s.sample_id, input_ids_T=s.input_ids_T,
-                             hidden_states_TPH=torch.randn(s.num_tokens, len(KIMI_POINTS), KIMI_HIDDEN,
-                                                           generator=gen).to(torch.bfloat16)))
+        items = [(s, Capture(sample_id=s.sample_id, input_ids_T=s.input_ids_T, hidden_states_TPH=states(s.num_tokens)))
                  for s in unit]
-        entries.append(write_shard(run, index, items, points=KIMI_POINTS, storage_dtype=storage_dtype,
+        entries.append(write_shard(run, index, items, points=points, storage_dtype=storage_dtype,
                                    metadata={"engine": "bench"}))
     tokens = sum(e.num_tokens for e in entries)
     write_manifest(run, {
-        "format_version": layout.FORMAT_VERSION, "points": KIMI_POINTS, "hidden_size": KIMI_HIDDEN,
+        "format_version": layout.FORMAT_VERSION, "points": points, "hidden_size": KIMI_HIDDEN,
         "dtype": "bfloat16", "shards": [e.to_dict() for e in entries],
         "num_samples": sum(e.num_samples for e in entries), "num_tokens": tokens,
         "num_loss_tokens": sum(e.num_loss_tokens for e in entries), "num_truncated": 0,
-        "storage": run_record([e.storage for e in entries], KIMI_POINTS, hidden_size=KIMI_HIDDEN, num_tokens=tokens,
+        "storage": run_record([e.storage for e in entries], points, hidden_size=KIMI_HIDDEN, num_tokens=tokens,
                               shard_bytes=sum(f["bytes"] for e in entries for f in e.files.values())),
         "rejects": {"total": 0, "by_reason": {}, "files": []},
-        "provenance": {"model": {"model_type": "deepseek_v3", "num_layers": KIMI_LAYERS}}})
+        "provenance": {"model": {"model_type": "deepseek_v3", "num_layers": KIMI_LAYERS,
+                                 "path": str(norm.path) if norm is not None else None}}})
 
 
 def model_run(run: Path, model: str, samples: int) -> None:
@@ -120,12 +147,13 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     rows, figures = [], {}
     try:
-        for case in (args.model, "kimi-bf16", "kimi-fp8"):
+        for case in (args.model, "kimi-bf16", "kimi-fp8", "kimi-norm"):
             run = work / case
             if case == args.model:
                 model_run(run, args.model, args.samples)
             else:
-                synthetic_run(run, args.tokens, "float8_e4m3fn" if case == "kimi-fp8" else None)
+                synthetic_run(run, args.tokens, "float8_e4m3fn" if case == "kimi-fp8" else None,
+                              final_norm=case == "kimi-norm")
             full, ref, slots, seconds = exports(run, work)
             manifest = json.loads((run / "manifest.json").read_text())
             floor = manifest["num_tokens"] * slots * manifest["hidden_size"] * 2

@@ -39,11 +39,11 @@ def test_the_trainers_norm_of_the_written_slot_is_the_captured_final_norm(checkp
     assert out.dtype == dtype and torch.equal(out[:, 0], hidden[:, 0]) and torch.equal(hidden[:, 1], final)
     back = checkpoint.final_norm(out[:, 1])  # speculators: lm_head(verifier_norm(last slot))
     rel = float((back - final.float()).norm() / final.float().norm())
-    assert rel < tol and unnorm.worst_rel_l2 == pytest.approx(rel)
+    assert rel < tol and unnorm.worst_rel_l2 == pytest.approx(rel, rel=1e-2)  # its own sums, in blocks of rows
     x = out[:, 1].float()
     assert float((x.pow(2).mean(-1) - 1).abs().max()) < 5 * tol  # unit RMS: bN's direction, not its scale
     record = unnorm.record()
-    assert record["round_trip"] == {"samples_checked": 1, "worst_rel_l2": rel}
+    assert record["round_trip"] == {"samples_checked": 1, "worst_rel_l2": pytest.approx(rel, rel=1e-2)}
     assert "model.norm.weight" in record["how"] and len(record["norm_weight_float32_sha256"]) == 64
 
 
