@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from pipeline.exports.slots import ExportError
+from pipeline.exports import unnorm as unnorm_module
 from pipeline.exports.unnorm import Unnorm
 from pipeline.models.checkpoint import CheckpointTensors
 
@@ -75,3 +76,28 @@ def test_a_run_whose_checkpoint_is_gone_is_refused(tmp_path):
     manifest = {"hidden_size": H, "provenance": {"model": {"path": str(tmp_path / "moved")}}}
     with pytest.raises(ExportError, match="its model path .*moved' holds no config.json"):
         Unnorm.of_run(manifest, tmp_path / "run")
+
+
+@pytest.mark.parametrize("rows_per_block", [1, 5, 12, 100])
+def test_the_slot_is_the_same_whatever_the_blocks_it_is_worked_in(checkpoint, monkeypatch, rows_per_block):
+    """apply works the slot a few rows at a time (a reference export does it on every read): every block's rows are
+    final_norm / w rounded once, the other points untouched, the round trip over the whole sample, and a bad token
+    in a later block named by its own index."""
+    monkeypatch.setattr(unnorm_module, "UNNORM_BLOCK_BYTES", rows_per_block * 4 * H)
+    final = checkpoint.final_norm(torch.randn(12, H) * 30).to(torch.bfloat16)
+    hidden = torch.stack([torch.randn(12, H).to(torch.bfloat16), final, torch.randn(12, H).to(torch.bfloat16)], dim=1)
+    unnorm = Unnorm(checkpoint, H)
+    out = unnorm.apply(hidden, 1, "s0")
+    expected = (final.float() / checkpoint.norm_weight).to(torch.bfloat16)  # in float32, rounded once
+    assert torch.equal(out[:, 1].view(torch.int16), expected.view(torch.int16))
+    assert torch.equal(out[:, 0], hidden[:, 0]) and torch.equal(out[:, 2], hidden[:, 2])
+    back = checkpoint.final_norm(out[:, 1])
+    assert unnorm.worst_rel_l2 == pytest.approx(float((back - final.float()).norm() / final.float().norm()), rel=1e-2)
+    zeroed = hidden.clone()
+    zeroed[10, 1] = 0
+    with pytest.raises(ExportError, match=r"sample s1: token 10's final_norm divided by the norm's weight"):
+        unnorm.apply(zeroed, 1, "s1")
+    shifted = hidden.clone()
+    shifted[7:, 1] = hidden[7:, 0]  # the last rows are another point's: the whole sample's round trip is off
+    with pytest.raises(ExportError, match=r"sample s2: the trainer's norm of final_norm / w is .* over 7.8e-03"):
+        unnorm.apply(shifted, 1, "s2")
