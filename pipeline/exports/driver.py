@@ -95,6 +95,17 @@ def _write_samples(reader: RunReader, exporter: Exporter, plan: SlotPlan, out: E
         progress.shard_done(previous, num_shards)
 
 
+def _derive_first(reader: RunReader, plan: SlotPlan, unnorm: Unnorm) -> None:
+    """A reference export's derived last slot is made on every read: one sample is derived now, so that a run whose
+    final_norm is not its checkpoint's norm is refused by the export rather than at the trainer's first batch."""
+    for _, sample_id, _ in _samples(reader):
+        unnorm.apply(reader[sample_id]["hidden_states"], plan.last_index, sample_id)
+        break
+    log.info("the last slot (final_norm / the norm's weight) is derived on every read of a reference export, each "
+             "sample copied beside it: about half a full export's read rate at Kimi's width (bench/README.md "
+             "one_copy); a full export pays it once")
+
+
 def _tokens(reader: RunReader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     for _, sample_id, _ in _samples(reader):
         row = reader.tokens(sample_id)
@@ -150,6 +161,8 @@ def _fill(target: ExportOut, run: RunAt, exporter: Exporter, plan: SlotPlan, pro
     with RunReader(run.location) as reader, progress:
         if states == "copy":
             _write_samples(reader, exporter, plan, target, progress, unnorm)
+        elif unnorm is not None:
+            _derive_first(reader, plan, unnorm)
         index_files = exporter.finish(target.root, _tokens(reader))
         index_bytes = sum(p.stat().st_size for p in index_files)
         target.publish(*index_files)

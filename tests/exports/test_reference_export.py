@@ -313,3 +313,35 @@ def test_a_draft_trains_from_an_fp8_run_within_its_rounding(fp8_run, models_root
     print(f"\nfp8 run rounding (rel L2, worst point) {rounding:.4f}; worst relative loss difference over "
           f"{len(losses['bf16'])} logged steps {worst:.4f}")
     assert 0 < worst <= rounding
+
+
+def test_a_reference_export_refuses_another_checkpoints_final_norm_when_it_is_made(run_without_last, tmp_path):
+    """Its last slot is derived on every read: one sample is derived when the export is made, so a run whose
+    final_norm is not its checkpoint's norm is refused there, in one line, not at the trainer's first batch."""
+    from safetensors.torch import load_file, save_file
+
+    from pipeline.exports.driver import export_run
+    from pipeline.exports.formats import exporter_for
+    from pipeline.exports.slots import ExportError
+
+    run = tmp_path / "run"
+    shutil.copytree(run_without_last, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    other = tmp_path / "other-model"  # the same model but for its final norm's weight
+    shutil.copytree(manifest["provenance"]["model"]["path"], other)
+    weights = next(other.glob("*.safetensors"))
+    tensors = load_file(weights)
+    name = next(k for k in tensors if k.endswith("norm.weight") and "layers." not in k)
+    tensors[name] = tensors[name] * 2
+    save_file(tensors, str(weights))
+    manifest["provenance"]["model"]["path"] = str(other)
+    (run / "manifest.json").write_text(json.dumps(manifest))  # verification off below: the manifest was edited
+    out = tmp_path / "ref"
+    with pytest.raises(ExportError, match=r"sample \S+: the trainer's norm of final_norm / w is .* is not "
+                                          rf"{re.escape(str(other))}: {re.escape(name)} applied"):
+        export_run(run, out, exporter_for("speculators"), last="final_norm", verify=False, states="reference")
+    assert not (out / "export.json").exists()  # left unfinished (a rerun with the same settings refuses again)
+    export_run(run_without_last, tmp_path / "own", exporter_for("speculators"), last="final_norm", verify=False,
+               states="reference")  # its own checkpoint: made, one sample's round trip recorded
+    last_state = json.loads((tmp_path / "own" / "export.json").read_text())["last_state"]
+    assert last_state["round_trip"]["samples_checked"] == 1 and last_state["round_trip"]["worst_rel_l2"] < 8e-3
