@@ -102,8 +102,8 @@ def _derive_first(reader: RunReader, plan: SlotPlan, unnorm: Unnorm) -> None:
         unnorm.apply(reader[sample_id]["hidden_states"], plan.last_index, sample_id)
         break
     log.info("the last slot (final_norm / the norm's weight) is derived on every read of a reference export, each "
-             "sample copied beside it: about half a full export's read rate at Kimi's width (bench/README.md "
-             "one_copy); a full export pays it once")
+             "sample copied beside it, which a full export does once: where the trainer's reads set the pace, export "
+             "in full (bench/README.md one_copy)")
 
 
 def _tokens(reader: RunReader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

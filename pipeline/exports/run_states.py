@@ -16,10 +16,9 @@ a time per process (a trainer's data loader worker), so resident memory stays bo
 """
 from __future__ import annotations
 
+import bisect
 from pathlib import Path
 from typing import Any, Mapping
-
-import bisect
 
 import numpy as np
 import pyarrow as pa
