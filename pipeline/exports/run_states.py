@@ -80,6 +80,8 @@ class RunStates:
                                  "exported; verify the run and export it again")
         for rel, why, found in run.changes(sidecar["run_files"])[:1]:
             self._refuse_changed(run, rel, why, found, sidecar["run_files"][rel])
+        if sidecar["last_state"].get("derived"):
+            self._check_norm(run, sidecar["last_state"])
         if key is not None:
             self._prove(run, key)
         return sidecar
@@ -95,6 +97,17 @@ class RunStates:
                                  f"{run.name})")
         raise RunStatesError(f"{path} was modified after {self.export_dir} was exported: the run changed "
                              f"(python -m pipeline.verify {run.name})")
+
+    def _check_norm(self, run: RunAt, last_state: Mapping[str, Any]) -> None:
+        """A derived last slot divides by the checkpoint's final-norm weight: the one the export was made with (the
+        checkpoint at the run's model path may have been replaced since)."""
+        try:
+            unnorm = Unnorm.of_run(run.manifest(), run.name)
+        except ExportError as exc:
+            raise RunStatesError(f"{self.export_dir}: {exc}") from None
+        if unnorm.digest != last_state.get("norm_weight_float32_sha256"):
+            raise RunStatesError(f"{unnorm.where} is not the final-norm weight {self.export_dir} was exported with "
+                                 "(the checkpoint at the run's model path changed); export the run again")
 
     @staticmethod
     def _prove(run: RunAt, key: str | Path) -> None:

@@ -95,9 +95,14 @@ class Unnorm:
                           f"{float(mean_square_T[t]):.3g}, where a norm's output has ~1 (an all-zero final_norm has "
                           f"0): not this checkpoint's final_norm; nothing of this sample was written")
 
+    @property
+    def digest(self) -> str:
+        """sha256 of the weight in float32: what the sidecar records, and a reference export's reads check."""
+        return hashlib.sha256(self.weight.numpy().tobytes()).hexdigest()
+
     def record(self) -> dict[str, Any]:
         """The sidecar's last_state entries for this slot."""
-        digest = hashlib.sha256(self.weight.numpy().tobytes()).hexdigest()
+        digest = self.digest
         return {"how": f"the run's final_norm divided by the final-norm weight ({self.where}) in float32, stored in "
                        "the capture dtype; the trainer's own norm maps it back to final_norm",
                 "norm_weight_float32_sha256": digest, "rms_norm_eps": self.checkpoint.eps,

@@ -315,33 +315,59 @@ def test_a_draft_trains_from_an_fp8_run_within_its_rounding(fp8_run, models_root
     assert 0 < worst <= rounding
 
 
+def _run_with_its_own_model(run_without_last: Path, where: Path) -> tuple[Path, Path, str]:
+    """A copy of the run whose manifest names a copy of its model: (run, the model's weights file, its final norm's
+    tensor name). Its manifest is edited, so exports of it are made without verification."""
+    run, model = where / "run", where / "model"
+    shutil.copytree(run_without_last, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    shutil.copytree(manifest["provenance"]["model"]["path"], model)
+    manifest["provenance"]["model"]["path"] = str(model)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    weights = next(model.glob("*.safetensors"))
+    with safe_open(str(weights), "pt") as f:
+        name = next(k for k in f.keys() if k.endswith("norm.weight") and "layers." not in k)
+    return run, weights, name
+
+
+def _scale_weight(weights: Path, name: str, factor: float) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(weights)
+    tensors[name] = tensors[name] * factor
+    save_file(tensors, str(weights))
+
+
+def _export_reference(run: Path, out: Path) -> None:
+    from pipeline.exports.driver import export_run
+    from pipeline.exports.formats import exporter_for
+
+    export_run(run, out, exporter_for("speculators"), last="final_norm", verify=False, states="reference")
+
+
 def test_a_reference_export_refuses_another_checkpoints_final_norm_when_it_is_made(run_without_last, tmp_path):
     """Its last slot is derived on every read: one sample is derived when the export is made, so a run whose
     final_norm is not its checkpoint's norm is refused there, in one line, not at the trainer's first batch."""
-    from safetensors.torch import load_file, save_file
-
-    from pipeline.exports.driver import export_run
-    from pipeline.exports.formats import exporter_for
     from pipeline.exports.slots import ExportError
 
-    run = tmp_path / "run"
-    shutil.copytree(run_without_last, run)
-    manifest = json.loads((run / "manifest.json").read_text())
-    other = tmp_path / "other-model"  # the same model but for its final norm's weight
-    shutil.copytree(manifest["provenance"]["model"]["path"], other)
-    weights = next(other.glob("*.safetensors"))
-    tensors = load_file(weights)
-    name = next(k for k in tensors if k.endswith("norm.weight") and "layers." not in k)
-    tensors[name] = tensors[name] * 2
-    save_file(tensors, str(weights))
-    manifest["provenance"]["model"]["path"] = str(other)
-    (run / "manifest.json").write_text(json.dumps(manifest))  # verification off below: the manifest was edited
-    out = tmp_path / "ref"
+    run, weights, name = _run_with_its_own_model(run_without_last, tmp_path)
+    _scale_weight(weights, name, 2.0)  # the same model but for its final norm's weight
     with pytest.raises(ExportError, match=r"sample \S+: the trainer's norm of final_norm / w is .* is not "
-                                          rf"{re.escape(str(other))}: {re.escape(name)} applied"):
-        export_run(run, out, exporter_for("speculators"), last="final_norm", verify=False, states="reference")
-    assert not (out / "export.json").exists()  # left unfinished (a rerun with the same settings refuses again)
-    export_run(run_without_last, tmp_path / "own", exporter_for("speculators"), last="final_norm", verify=False,
-               states="reference")  # its own checkpoint: made, one sample's round trip recorded
+                                          rf"{re.escape(str(weights.parent))}: {re.escape(name)} applied"):
+        _export_reference(run, tmp_path / "ref")
+    assert not (tmp_path / "ref" / "export.json").exists()  # left unfinished (a rerun with these settings refuses)
+    _export_reference(run_without_last, tmp_path / "own")  # its own checkpoint: made, one round trip recorded
     last_state = json.loads((tmp_path / "own" / "export.json").read_text())["last_state"]
     assert last_state["round_trip"]["samples_checked"] == 1 and last_state["round_trip"]["worst_rel_l2"] < 8e-3
+
+
+def test_a_checkpoint_changed_after_the_export_is_refused_at_the_start(run_without_last, tmp_path):
+    """The derived slot divides by the final-norm weight the export recorded (its sha256): another weight at the
+    run's model path is refused when the trainer starts, before any batch."""
+    run, weights, name = _run_with_its_own_model(run_without_last, tmp_path)
+    _export_reference(run, tmp_path / "ref")
+    assert RunStates(tmp_path / "ref").check()["last_state"]["derived"]
+    _scale_weight(weights, name, 1.5)
+    with pytest.raises(RunStatesError, match=rf"^{re.escape(str(weights.parent))}: {re.escape(name)} is not the "
+                                             "final-norm weight .* was exported with"):
+        RunStates(tmp_path / "ref").check()
