@@ -50,6 +50,7 @@ class RunStates:
         self._ids: list[str] = []
         self._table: pa.Table | None = None
         self._shard: int | None = None
+        self.unnorm: Unnorm | None = None  # a derived last slot's, once `check` has matched its weight to the export
 
     def __getstate__(self) -> dict[str, Any]:
         return {"export_dir": self.export_dir}  # a worker opens its own mappings
@@ -81,7 +82,7 @@ class RunStates:
         for rel, why, found in run.changes(sidecar["run_files"])[:1]:
             self._refuse_changed(run, rel, why, found, sidecar["run_files"][rel])
         if sidecar["last_state"].get("derived"):
-            self._check_norm(run, sidecar["last_state"])
+            self.unnorm = self._checked_norm(run, sidecar["last_state"])
         if key is not None:
             self._prove(run, key)
         return sidecar
@@ -98,7 +99,7 @@ class RunStates:
         raise RunStatesError(f"{path} was modified after {self.export_dir} was exported: the run changed "
                              f"(python -m pipeline.verify {run.name})")
 
-    def _check_norm(self, run: RunAt, last_state: Mapping[str, Any]) -> None:
+    def _checked_norm(self, run: RunAt, last_state: Mapping[str, Any]) -> Unnorm:
         """A derived last slot divides by the checkpoint's final-norm weight: the one the export was made with (the
         checkpoint at the run's model path may have been replaced since)."""
         try:
@@ -108,6 +109,7 @@ class RunStates:
         if unnorm.digest != last_state.get("norm_weight_float32_sha256"):
             raise RunStatesError(f"{unnorm.where} is not the final-norm weight {self.export_dir} was exported with "
                                  "(the checkpoint at the run's model path changed); export the run again")
+        return unnorm
 
     @staticmethod
     def _prove(run: RunAt, key: str | Path) -> None:
@@ -129,11 +131,8 @@ class RunStates:
             self.span = slice(min(indices), max(indices) + 1)
             self.within = None if indices == list(range(min(indices), max(indices) + 1)) else \
                 torch.tensor([i - min(indices) for i in indices], dtype=torch.long)
-            self.unnorm = None
             run = RunAt(sidecar["run_dir"])
-            self._reader = RunReader(run.location)
-            if sidecar["last_state"].get("derived"):
-                self.unnorm = Unnorm.of_run(self._reader.manifest, self._reader.run_dir)
+            self._reader = RunReader(run.location)  # a derived slot's Unnorm came with the check above
             self._ids = self._reader.sample_ids
             with pa.memory_map(str(self.export_dir / ARROW_FILE)) as source:
                 self._table = pa.ipc.open_stream(source).read_all()  # zero-copy over the mapping

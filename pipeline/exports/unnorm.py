@@ -102,8 +102,7 @@ class Unnorm:
 
     def record(self) -> dict[str, Any]:
         """The sidecar's last_state entries for this slot."""
-        digest = self.digest
         return {"how": f"the run's final_norm divided by the final-norm weight ({self.where}) in float32, stored in "
                        "the capture dtype; the trainer's own norm maps it back to final_norm",
-                "norm_weight_float32_sha256": digest, "rms_norm_eps": self.checkpoint.eps,
+                "norm_weight_float32_sha256": self.digest, "rms_norm_eps": self.checkpoint.eps,
                 "round_trip": {"samples_checked": self.checked, "worst_rel_l2": self.worst_rel_l2}}
