@@ -51,6 +51,7 @@ class RunStates:
         self._table: pa.Table | None = None
         self._shard: int | None = None
         self.unnorm: Unnorm | None = None  # a derived last slot's, once `check` has matched its weight to the export
+        self.sidecar: dict[str, Any] | None = None  # once `check` has passed in this process
 
     def __getstate__(self) -> dict[str, Any]:
         return {"export_dir": self.export_dir}  # a worker opens its own mappings
@@ -85,6 +86,7 @@ class RunStates:
             self.unnorm = self._checked_norm(run, sidecar["last_state"])
         if key is not None:
             self._prove(run, key)
+        self.sidecar = sidecar
         return sidecar
 
     def _refuse_changed(self, run: RunAt, rel: str, why: str, found: Mapping[str, Any] | None,
@@ -123,8 +125,9 @@ class RunStates:
 
     def _open(self) -> RunReader:
         if self._reader is None:
-            sidecar = self.check()  # each worker: the cheap check (the key's full check ran at the trainer's start)
-            self.sidecar = sidecar
+            # the trainer's start check when it ran in this process; a worker (unpickled) makes the cheap one itself
+            # (the key's full check ran at the trainer's start)
+            sidecar = self.sidecar if self.sidecar is not None else self.check()
             indices = [s["run_point_index"] for s in sidecar["slots"]]
             self.indices = torch.tensor(indices, dtype=torch.long)
             # only the run's points from the first slot's to the last slot's are read; the slots within them picked
